@@ -1,0 +1,136 @@
+/*
+ * engine.h - THE public engine API: load a model, create a compute context
+ * with its paged KV storage, run one forward pass over a batch of tokens from
+ * many sequences.
+ *
+ * What the engine owns and what it does not: the engine owns the weights (a
+ * view into the mapped GGUF file), the activation scratch (sized once, at
+ * context creation, for the largest batch) and the KV block storage (one pool
+ * of n_blocks blocks allocated once). It does NOT decide which block belongs to
+ * which sequence: the caller (the scheduler) passes each sequence's block
+ * table in every batch. The engine never allocates a block.
+ *
+ * Threads: an engine_model is immutable after loading and may be read from
+ * any thread (tokenizer and chat queries come from the HTTP thread). An
+ * engine_ctx belongs to one thread, the step thread: engine_forward() is not
+ * thread-safe. The ctx's kernel worker pool is internal.
+ */
+#ifndef LLMSERVE_ENGINE_H
+#define LLMSERVE_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct engine_model;
+struct engine_ctx;
+
+/* ---- model ------------------------------------------------------------ */
+
+struct engine_model_params {
+    const char *path;  // GGUF file
+};
+
+struct engine_model_params engine_model_default_params(void);
+
+/* Loads and validates a GGUF model. On success *out is owned by the caller
+ * (free with engine_model_free()). Returns 0, ERR_IO, ERR_FORMAT (corrupt file,
+ * missing or mis-shaped tensor: the message names it), ERR_UNSUPPORTED
+ * (architecture or weight type not supported: the message names it) or
+ * ERR_NOMEM. [any thread] */
+int engine_model_load(const struct engine_model_params *p, struct engine_model **out);
+
+/* NULL-safe. No ctx of this model may outlive it. */
+void engine_model_free(struct engine_model *m);
+
+/* Read-only facts about a loaded model. Valid for the model's life. */
+struct engine_model_info {
+    const char *arch;          // "llama", "qwen2", "qwen3"
+    const char *name;          // general.name, or the file's base name
+    const char *weight_type;   // most common type of the 2-D weights: "f32", "f16", ...
+    int32_t n_vocab;
+    int32_t n_ctx_train;       // <arch>.context_length
+    int32_t n_embd;
+    int32_t n_layer;
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t head_dim;
+    int32_t n_ff;
+    int32_t sliding_window;    // 0: none
+    int64_t n_params;          // elements of all tensors
+    size_t weight_bytes;       // bytes of all tensors
+};
+
+const struct engine_model_info *engine_model_get_info(const struct engine_model *m);
+
+/* ---- context and KV storage -------------------------------------------- */
+
+struct engine_ctx_params {
+    int32_t n_threads;         // kernel threads (and OpenBLAS threads); 0: all cores
+    int32_t max_batch_tokens;  // most tokens in one engine_forward()
+    int32_t max_seqs;          // most sequences in one engine_forward()
+    int32_t block_size;        // tokens per KV block (default 16)
+    int32_t n_blocks;          // KV blocks in the pool, block 0 included (block 0 is the
+                               // null block: never written, never read)
+};
+
+struct engine_ctx_params engine_ctx_default_params(void);
+
+/* Bytes one KV block takes for this model (K and V of every layer). Lets the
+ * caller turn a memory budget into n_blocks. */
+size_t engine_kv_block_bytes(const struct engine_model *m, int32_t block_size);
+
+/* Creates a context: worker pool, scratch for max_batch_tokens, the KV pool.
+ * *out is owned by the caller (engine_ctx_free()). Returns 0, ERR_INVAL (bad
+ * params; logged) or ERR_NOMEM (KV pool or scratch too big; logged with the
+ * sizes). Retains m until engine_ctx_free(). [any thread, before use] */
+int engine_ctx_create(const struct engine_model *m, const struct engine_ctx_params *p,
+                      struct engine_ctx **out);
+
+/* NULL-safe. */
+void engine_ctx_free(struct engine_ctx *ctx);
+
+/* ---- batch and forward ---------------------------------------------------- */
+
+/* One sequence of a batch: where its KV lives. Block i of the table holds the
+ * positions [i * block_size, (i + 1) * block_size). Entries of blocks wholly
+ * outside a sliding window may be 0 (the null block); they are not read. */
+struct engine_seq {
+    const int32_t *block_table;  // [n_blocks] block ids; borrowed for the call
+    int32_t n_blocks;
+};
+
+/* A batch: parallel arrays, one entry per token (as llama_batch), plus the
+ * sequences they belong to. Every array is borrowed for the call.
+ *
+ * The token at position pos of sequence s writes its K/V into slot
+ * pos % block_size of block block_table[pos / block_size] and attends to the
+ * positions [max(0, pos - window + 1), pos] of s, which must all be in the KV
+ * pool already or be written by this batch. Tokens may come in any order. */
+struct engine_batch {
+    int32_t n_tokens;
+    const int32_t *token;    // [n_tokens] token ids, 0 <= id < n_vocab
+    const int32_t *pos;      // [n_tokens] positions, 0 <= pos < n_blocks * block_size of its seq
+    const int32_t *seq;      // [n_tokens] index into seqs
+    const int32_t *adapter;  // [n_tokens] adapter slot, -1 = none; NULL = none for all
+    const int8_t *output;    // [n_tokens] 1 = compute this token's logits
+    int32_t n_seqs;
+    const struct engine_seq *seqs;  // [n_seqs]
+};
+
+/* Runs the decoder over the batch. Indices, positions and block ids are our
+ * own promises and are ASSERTed. On success *out_logits points at
+ * [n_outputs][n_vocab] floats, one row per token whose output flag is set, in
+ * batch order; owned by ctx, valid until the next engine_forward() on ctx.
+ * Returns 0, or ERR_INVAL if the batch exceeds the ctx's limits. [step thread] */
+int engine_forward(struct engine_ctx *ctx, const struct engine_batch *batch,
+                   const float **out_logits);
+
+/* The model a ctx was created with. */
+const struct engine_model *engine_ctx_model(const struct engine_ctx *ctx);
+
+/* Tokens per block and blocks in the pool, as created. */
+int32_t engine_ctx_block_size(const struct engine_ctx *ctx);
+int32_t engine_ctx_n_blocks(const struct engine_ctx *ctx);
+
+#endif

@@ -1,0 +1,72 @@
+/*
+ * testutil.c - fixtures shared by the test suites.
+ */
+#include "tests/helpers/testutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+const char *testutil_shared_dir(void) {
+    const char *d = getenv("LLMSERVE_SHARED");
+    if (!d || !*d) return NULL;
+    struct stat st;
+    if (stat(d, &st) != 0 || !S_ISDIR(st.st_mode)) return NULL;
+    return d;
+}
+
+const char *testutil_path(const char *dir, const char *name) {
+    static char bufs[8][4096];
+    static int next;
+    char *b = bufs[next++ % 8];
+    snprintf(b, sizeof(bufs[0]), "%s/%s", dir, name);
+    return b;
+}
+
+const char *testutil_build_dir(void) {
+    const char *d = getenv("LLMSERVE_BUILD");
+    return d && *d ? d : ".";
+}
+
+const char *testutil_source_dir(void) {
+    const char *d = getenv("LLMSERVE_SOURCE");
+    return d && *d ? d : "..";
+}
+
+bool testutil_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+char *testutil_read_file(const char *path, size_t *out_len) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return NULL;
+    if (fseek(fp, 0, SEEK_END) != 0) {
+        fclose(fp);
+        return NULL;
+    }
+    long n = ftell(fp);
+    rewind(fp);
+    if (n < 0) {
+        fclose(fp);
+        return NULL;
+    }
+    char *buf = malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, fp) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(fp);
+    if (!buf) return NULL;
+    buf[n] = '\0';
+    if (out_len) *out_len = (size_t)n;
+    return buf;
+}
+
+int testutil_system(const char *cmd) {
+    int st = system(cmd);
+    if (st == -1 || !WIFEXITED(st)) return -1;
+    return WEXITSTATUS(st);
+}

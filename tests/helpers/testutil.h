@@ -1,0 +1,32 @@
+/*
+ * testutil.h - shared fixtures for the cmocka suites: where the test data is
+ * (../shared and the build directory's synthetic models), and small helpers.
+ */
+#ifndef LLMSERVE_TESTUTIL_H
+#define LLMSERVE_TESTUTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* The ../shared directory (LLMSERVE_SHARED), or NULL when it is absent: tests
+ * that need it call skip() and say why. */
+const char *testutil_shared_dir(void);
+
+/* Joins dir and name into a static buffer (one per call site is enough for tests:
+ * each call overwrites one of 8 rotating buffers). */
+const char *testutil_path(const char *dir, const char *name);
+
+/* The build directory (LLMSERVE_BUILD) and source directory (LLMSERVE_SOURCE). */
+const char *testutil_build_dir(void);
+const char *testutil_source_dir(void);
+
+/* True when path exists. */
+bool testutil_exists(const char *path);
+
+/* Reads a whole file (malloc'd, NUL-terminated; the caller frees) or NULL. */
+char *testutil_read_file(const char *path, size_t *out_len);
+
+/* Runs a shell command, returns its exit status (or -1). */
+int testutil_system(const char *cmd);
+
+#endif
