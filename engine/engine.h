@@ -22,6 +22,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+// The engine's other public parts: the model's tokenizer, the per-sequence
+// sampler and the stop-string matcher. engine.h is the umbrella header the
+// scheduler and the server include.
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
+
 struct engine_model;
 struct engine_ctx;
 
@@ -62,6 +68,13 @@ struct engine_model_info {
 };
 
 const struct engine_model_info *engine_model_get_info(const struct engine_model *m);
+
+/* The model's tokenizer; borrowed, valid for the model's life. [any thread] */
+const struct tokenizer *engine_model_tokenizer(const struct engine_model *m);
+
+/* The model's tokenizer.chat_template text (NUL-terminated, borrowed for the
+ * model's life), or NULL when the file has none. [any thread] */
+const char *engine_model_chat_template(const struct engine_model *m);
 
 /* ---- context and KV storage -------------------------------------------- */
 
