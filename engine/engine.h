@@ -72,6 +72,10 @@ const struct engine_model_info *engine_model_get_info(const struct engine_model 
 /* The model's tokenizer; borrowed, valid for the model's life. [any thread] */
 const struct tokenizer *engine_model_tokenizer(const struct engine_model *m);
 
+/* True when token ends generation (eos, eot and the other end-of-turn tokens
+ * of the vocabulary); false when the model has no tokenizer. [any thread] */
+bool engine_model_is_eog(const struct engine_model *m, int32_t token);
+
 /* The model's tokenizer.chat_template text (NUL-terminated, borrowed for the
  * model's life), or NULL when the file has none. [any thread] */
 const char *engine_model_chat_template(const struct engine_model *m);
@@ -82,6 +86,7 @@ struct engine_ctx_params {
     int32_t n_threads;         // kernel threads (and OpenBLAS threads); 0: all cores
     int32_t max_batch_tokens;  // most tokens in one engine_forward()
     int32_t max_seqs;          // most sequences in one engine_forward()
+    int32_t max_outputs;       // most logits rows per engine_forward(); 0: max_seqs
     int32_t block_size;        // tokens per KV block (default 16)
     int32_t n_blocks;          // KV blocks in the pool, block 0 included (block 0 is the
                                // null block: never written, never read)

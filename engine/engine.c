@@ -1,0 +1,176 @@
+/*
+ * engine.c - the thin facade of engine.h: context creation (scratch, KV pool,
+ * worker pool) and engine_forward's checks around forward_run().
+ */
+#define LOG_TAG "engine"
+#include "engine/engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/base/alloc.h"
+#include "engine/base/err.h"
+#include "engine/base/log.h"
+#include "engine/ctx.h"
+#include "engine/model.h"
+#include "engine/attention.h"
+#include "engine/threadpool.h"
+
+struct engine_ctx_params engine_ctx_default_params(void) {
+    return (struct engine_ctx_params){
+        .n_threads = 0,
+        .max_batch_tokens = 512,
+        .max_seqs = 64,
+        .max_outputs = 0,
+        .block_size = 16,
+        .n_blocks = 1024,
+    };
+}
+
+size_t engine_kv_block_bytes(const struct engine_model *m, int32_t block_size) {
+    const struct hparams *hp = &m->hp;
+    return kv_block_bytes(hp->n_layer, hp->n_head_kv, hp->head_dim, block_size);
+}
+
+void engine_ctx_free(struct engine_ctx *ctx) {
+    if (!ctx) return;
+    threadpool_free(ctx->pool);
+    kern_scratch_free(&ctx->kscratch);
+    kv_free(&ctx->kv);
+    free(ctx->x);
+    free(ctx->xb);
+    free(ctx->xb2);
+    free(ctx->q);
+    free(ctx->k);
+    free(ctx->v);
+    free(ctx->att);
+    free(ctx->hb);
+    free(ctx->hb2);
+    free(ctx->rope_cos);
+    free(ctx->rope_sin);
+    free(ctx->att_scratch);
+    free(ctx->out_rows);
+    free(ctx->xo);
+    free(ctx->logits);
+    free(ctx);
+}
+
+static float *alloc_floats(size_t rows, size_t cols, int *err) {
+    float *p = malloc((rows ? rows : 1) * (cols ? cols : 1) * sizeof(float));
+    if (!p) *err = ERR_NOMEM;
+    return p;
+}
+
+int engine_ctx_create(const struct engine_model *m, const struct engine_ctx_params *p,
+                      struct engine_ctx **out) {
+    *out = NULL;
+    struct engine_ctx_params prm = *p;
+    if (prm.n_threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        prm.n_threads = n > 0 ? (int32_t)n : 1;
+    }
+    if (prm.max_outputs <= 0) prm.max_outputs = prm.max_seqs;
+    if (prm.max_batch_tokens < 1 || prm.max_batch_tokens > (1 << 20) || prm.max_seqs < 1 ||
+        prm.max_outputs < 1 || prm.max_outputs > prm.max_batch_tokens || prm.block_size < 1 ||
+        prm.block_size > 4096 || prm.n_blocks < 2 || prm.n_threads > 1024) {
+        LOG_ERROR("%s: invalid context parameters (max_batch_tokens=%d max_seqs=%d "
+                  "max_outputs=%d block_size=%d n_blocks=%d threads=%d)", __func__,
+                  prm.max_batch_tokens, prm.max_seqs, prm.max_outputs, prm.block_size,
+                  prm.n_blocks, prm.n_threads);
+        return ERR_INVAL;
+    }
+    if (prm.max_seqs > prm.max_batch_tokens) prm.max_seqs = prm.max_batch_tokens;
+    if (prm.max_outputs > prm.max_batch_tokens) prm.max_outputs = prm.max_batch_tokens;
+
+    struct engine_ctx *ctx = calloc(1, sizeof(*ctx));
+    if (!ctx) return ERR_NOMEM;
+    ctx->model = m;
+    ctx->params = prm;
+    const struct hparams *hp = &m->hp;
+    const size_t T = (size_t)prm.max_batch_tokens;
+    const size_t n_q = (size_t)hp->n_head * hp->head_dim;
+    const size_t n_kv = (size_t)hp->n_head_kv * hp->head_dim;
+    int err = 0;
+
+    ctx->pool = threadpool_create(prm.n_threads);
+    if (!ctx->pool) {
+        err = ERR_NOMEM;
+        goto fail;
+    }
+    ctx->params.n_threads = threadpool_n_threads(ctx->pool);
+    int64_t max_k = hp->n_embd;
+    if (hp->n_ff > max_k) max_k = hp->n_ff;
+    if ((int64_t)n_q > max_k) max_k = (int64_t)n_q;
+    err = kern_scratch_init(&ctx->kscratch, ctx->params.n_threads, max_k);
+    if (err) goto fail;
+    err = kv_init(&ctx->kv, hp->n_layer, prm.n_blocks, prm.block_size, hp->n_head_kv,
+                  hp->head_dim);
+    if (err) goto fail;
+
+    ctx->x = alloc_floats(T, (size_t)hp->n_embd, &err);
+    ctx->xb = alloc_floats(T, (size_t)hp->n_embd, &err);
+    ctx->xb2 = alloc_floats(T, (size_t)hp->n_embd, &err);
+    ctx->q = alloc_floats(T, n_q, &err);
+    ctx->k = alloc_floats(T, n_kv, &err);
+    ctx->v = alloc_floats(T, n_kv, &err);
+    ctx->att = alloc_floats(T, n_q, &err);
+    ctx->hb = alloc_floats(T, (size_t)hp->n_ff, &err);
+    ctx->hb2 = alloc_floats(T, (size_t)hp->n_ff, &err);
+    ctx->rope_cos = alloc_floats(T, (size_t)hp->n_rot / 2, &err);
+    ctx->rope_sin = alloc_floats(T, (size_t)hp->n_rot / 2, &err);
+    ctx->att_scratch_floats =
+        attention_scratch_floats(hp->n_head, hp->n_head_kv, hp->head_dim, prm.block_size);
+    ctx->att_scratch = alloc_floats((size_t)ctx->params.n_threads, ctx->att_scratch_floats, &err);
+    ctx->xo = alloc_floats((size_t)prm.max_outputs, (size_t)hp->n_embd, &err);
+    ctx->logits = alloc_floats((size_t)prm.max_outputs, (size_t)hp->n_vocab, &err);
+    ctx->out_rows = malloc(T * sizeof(int32_t));
+    if (!ctx->out_rows) err = ERR_NOMEM;
+    if (err) {
+        LOG_ERROR("%s: cannot allocate scratch for %d tokens and %d outputs", __func__,
+                  prm.max_batch_tokens, prm.max_outputs);
+        goto fail;
+    }
+    *out = ctx;
+    return 0;
+
+fail:
+    engine_ctx_free(ctx);
+    return err;
+}
+
+int engine_forward(struct engine_ctx *ctx, const struct engine_batch *b,
+                   const float **out_logits) {
+    *out_logits = NULL;
+    const struct engine_ctx_params *p = &ctx->params;
+    if (b->n_tokens < 1 || b->n_tokens > p->max_batch_tokens || b->n_seqs < 1 ||
+        b->n_seqs > p->max_seqs) {
+        LOG_ERROR("%s: batch of %d tokens / %d sequences exceeds the context (%d / %d)",
+                  __func__, b->n_tokens, b->n_seqs, p->max_batch_tokens, p->max_seqs);
+        return ERR_INVAL;
+    }
+    int32_t n_outputs = 0;
+    const int32_t bs = p->block_size;
+    const int32_t n_vocab = ctx->model->hp.n_vocab;
+    for (int32_t t = 0; t < b->n_tokens; t++) {
+        ASSERT(b->token[t] >= 0 && b->token[t] < n_vocab);
+        ASSERT(b->seq[t] >= 0 && b->seq[t] < b->n_seqs);
+        const struct engine_seq *sq = &b->seqs[b->seq[t]];
+        ASSERT(b->pos[t] >= 0 && b->pos[t] / bs < sq->n_blocks);
+        const int32_t block = sq->block_table[b->pos[t] / bs];
+        ASSERT(block > 0 && block < p->n_blocks);
+        if (b->output[t]) n_outputs++;
+    }
+    if (n_outputs > p->max_outputs) {
+        LOG_ERROR("%s: %d output rows exceed the context's %d", __func__, n_outputs,
+                  p->max_outputs);
+        return ERR_INVAL;
+    }
+    forward_run(ctx, b, n_outputs);
+    *out_logits = ctx->logits;
+    return 0;
+}
+
+const struct engine_model *engine_ctx_model(const struct engine_ctx *ctx) { return ctx->model; }
+int32_t engine_ctx_block_size(const struct engine_ctx *ctx) { return ctx->params.block_size; }
+int32_t engine_ctx_n_blocks(const struct engine_ctx *ctx) { return ctx->params.n_blocks; }

@@ -1,0 +1,122 @@
+/*
+ * blas.c - the only OpenBLAS user: matrix products over a batch of tokens.
+ *
+ * Parallelism is ours, not OpenBLAS's: OpenBLAS is told to use one thread and
+ * each pool thread multiplies the whole batch by its own slice of weight rows.
+ * One pool means no oversubscription of the cores (llama.cpp with a threaded
+ * OpenBLAS next to its own pool was 4x slower at prefill on our machines), and
+ * a slice per thread is also what f16/bf16 tile conversion wants.
+ */
+#include <cblas.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/base/alloc.h"
+#include "engine/base/err.h"
+#include "engine/kernels/kernels.h"
+#include "engine/threadpool.h"
+
+// Declared by OpenBLAS (openblas_config.h) but not by every cblas.h.
+char *openblas_get_corename(void);
+void openblas_set_num_threads(int num_threads);
+
+#define KERN_TILE_ROWS 64
+#define KERN_ROW_GRAIN 16
+
+int kern_scratch_init(struct kern_scratch *s, int32_t n_threads, int64_t max_k) {
+    memset(s, 0, sizeof(*s));
+    s->n_threads = n_threads;
+    s->tile_rows = KERN_TILE_ROWS;
+    s->max_k = max_k;
+    s->tiles = calloc((size_t)n_threads, sizeof(float *));
+    if (!s->tiles) return ERR_NOMEM;
+    for (int32_t i = 0; i < n_threads; i++) {
+        s->tiles[i] = malloc((size_t)KERN_TILE_ROWS * (size_t)max_k * sizeof(float));
+        if (!s->tiles[i]) return ERR_NOMEM;
+    }
+    return 0;
+}
+
+void kern_scratch_free(struct kern_scratch *s) {
+    if (s->tiles) {
+        for (int32_t i = 0; i < s->n_threads; i++) free(s->tiles[i]);
+    }
+    free(s->tiles);
+    memset(s, 0, sizeof(*s));
+}
+
+struct matmul_job {
+    struct kern_scratch *scratch;
+    const struct tensor *w;
+    const float *x;     // [n_tokens][k]
+    int64_t n_tokens;
+    float *y;           // [n_tokens][n]
+};
+
+/* y[:, r0:r1] = x * W[r0:r1]^T for f32 weights rows w_rows (r1 - r0 rows of k). */
+static void gemm_rows(const float *x, int64_t n_tokens, const float *w_rows, int64_t n_rows,
+                      int64_t k, float *y, int64_t ldy) {
+    if (n_tokens == 1) {
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, (blasint)n_rows, (blasint)k, 1.0f, w_rows,
+                    (blasint)k, x, 1, 0.0f, y, 1);
+    } else {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)n_tokens, (blasint)n_rows,
+                    (blasint)k, 1.0f, x, (blasint)k, w_rows, (blasint)k, 0.0f, y, (blasint)ldy);
+    }
+}
+
+static void matmul_slice(void *arg, int64_t r0, int64_t r1, int32_t ith, int32_t nth) {
+    (void)nth;
+    const struct matmul_job *j = arg;
+    const struct tensor *w = j->w;
+    const int64_t k = w->ne[0];
+    const int64_t n = w->ne[1];
+    if (w->type == QUANT_F32) {
+        gemm_rows(j->x, j->n_tokens, (const float *)w->data + r0 * k, r1 - r0, k, j->y + r0, n);
+        return;
+    }
+    const struct kern_dispatch *kd = kern_get();
+    kern_to_f32_fn conv = w->type == QUANT_F16 ? kd->f16_to_f32 : kd->bf16_to_f32;
+    ASSERT(w->type == QUANT_F16 || w->type == QUANT_BF16);
+    ASSERT(k <= j->scratch->max_k);
+    float *tile = j->scratch->tiles[ith];  // [tile_rows][k]
+    for (int64_t r = r0; r < r1; r += j->scratch->tile_rows) {
+        int64_t rows = r1 - r < j->scratch->tile_rows ? r1 - r : j->scratch->tile_rows;
+        for (int64_t i = 0; i < rows; i++) conv(tensor_row(w, r + i), tile + i * k, k);
+        gemm_rows(j->x, j->n_tokens, tile, rows, k, j->y + r, n);
+    }
+}
+
+void kern_matmul(struct threadpool *pool, struct kern_scratch *scratch, const struct tensor *w,
+                 const float *x, int64_t n_tokens, float *y) {
+    ASSERT(w->ne[2] == 1 && w->ne[3] == 1);
+    struct matmul_job job = {.scratch = scratch, .w = w, .x = x, .n_tokens = n_tokens, .y = y};
+    threadpool_run(pool, w->ne[1], KERN_ROW_GRAIN, matmul_slice, &job);
+}
+
+const char *kern_blas_init(void) {
+    openblas_set_num_threads(1);
+    return openblas_get_corename();
+}
+
+bool kern_blas_wants_coretype(const char **out_coretype) {
+    *out_coretype = NULL;
+    const char *env = getenv("OPENBLAS_CORETYPE");
+    if (env && *env) return false;
+    const char *core = openblas_get_corename();
+    if (!core) return false;
+    // The generic kernels OpenBLAS falls back to on CPUs it does not recognise.
+    bool generic = strcmp(core, "Prescott") == 0 || strcmp(core, "Core2") == 0 ||
+                   strcmp(core, "Nehalem") == 0 || strcmp(core, "Katmai") == 0 ||
+                   strcmp(core, "Atom") == 0 || strcmp(core, "Barcelona") == 0;
+    if (!generic) return false;
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) {
+        *out_coretype = "SkylakeX";
+    } else if (__builtin_cpu_supports("avx2")) {
+        *out_coretype = "Haswell";
+    } else {
+        return false;
+    }
+    return true;
+}
