@@ -68,9 +68,21 @@ const char *tokenizer_token_text(const struct tokenizer *t, int32_t id);
 /* The id of the token whose vocabulary string is exactly s, or -1. */
 int32_t tokenizer_find(const struct tokenizer *t, const char *s, size_t len);
 
+/* The token's tokenizer.ggml.scores entry (0 when the file has none or id is
+ * out of range). SPM merges the pair with the highest score first. */
+float tokenizer_token_score(const struct tokenizer *t, int32_t id);
+
 /* Encodes len bytes of text. add_special: add BOS/EOS as the model asks.
- * parse_special: text that spells a control/user-defined token (e.g.
- * "<|im_start|>") becomes that token; otherwise it is tokenized as plain text.
+ * parse_special: text that spells a control token (e.g. "<|im_start|>")
+ * becomes that token; otherwise it is tokenized as plain text. User-defined
+ * tokens (TOKENIZER_TYPE_USER_DEFINED: the added, non-special tokens of HF
+ * vocabularies, e.g. deepseek-coder's "ü") are vocabulary text and match
+ * whatever parse_special says, as in HF tokenizers and llama.cpp (the
+ * upstream test vectors depend on it).
+ * Special strings are found left to right, the longest one first where several
+ * start at the same byte. SPM adds its dummy "▁" prefix (unless
+ * tokenizer.ggml.add_space_prefix is false) at the start of the text and after
+ * every special token, as llama.cpp does; empty text adds no prefix.
  * On success *out_ids (owned by the caller; free()) holds *out_n ids.
  * Returns 0, ERR_INVAL (text is not valid UTF-8 or contains a NUL byte) or
  * ERR_NOMEM. Empty text gives just the special tokens. [any thread] */
@@ -87,7 +99,15 @@ void tokenizer_token_to_piece(const struct tokenizer *t, int32_t id, bool specia
 /* Decodes ids into out (appended). skip_special: drop control tokens.
  * Invalid or incomplete UTF-8 in the bytes becomes U+FFFD, so the result is
  * always valid UTF-8. Equals the concatenation of a tokenizer_stream fed the
- * same ids and then flushed. */
+ * same ids and then flushed.
+ * Leading space: ids are taken as the start of a text. For SPM vocabularies
+ * with the dummy prefix, the first non-control token loses one leading space
+ * (the prefix encode added), as HF's and sentencepiece's decoders do, so
+ * decode(encode(s)) == s. Control tokens (BOS) before it do not count. To
+ * decode ids that continue earlier text (generated tokens after a prompt), use
+ * a stream set up with tokenizer_stream_init_continuation(). Byte-level BPE
+ * strips nothing and does no clean-up of spaces. Ids out of range are
+ * skipped. */
 void tokenizer_decode(const struct tokenizer *t, const int32_t *ids, int32_t n, bool skip_special,
                       struct buf *out);
 
@@ -100,9 +120,13 @@ struct tokenizer_stream {
     int32_t n_pending;
     int32_t n_fed;       // tokens fed so far
     bool skip_special;
+    bool has_text;       // a non-control token was fed: no leading space is stripped any more
 };
 
 void tokenizer_stream_init(struct tokenizer_stream *s, bool skip_special);
+/* As tokenizer_stream_init() for ids that continue text decoded elsewhere
+ * (e.g. generated tokens after the prompt): no leading space is stripped. */
+void tokenizer_stream_init_continuation(struct tokenizer_stream *s, bool skip_special);
 void tokenizer_stream_feed(const struct tokenizer *t, struct tokenizer_stream *s, int32_t id,
                            struct buf *out);
 /* Emits what is still held back (as U+FFFD where it is not valid UTF-8). */
