@@ -525,8 +525,7 @@ static int32_t read_inputs(char *data, size_t len, char **strs, size_t *lens, in
                 break;
             }
         }
-        // The first string may be empty: "\n__ggml..." at offset 0 has no leading "\n"
-        // in the file only if the string is empty and first; not the case upstream.
+        // An empty string is written as just its "\n__ggml_vocab_test__\n" terminator.
         if (!hit) break;
         strs[n] = data + at;
         lens[n] = (size_t)(hit - (data + at));
