@@ -384,7 +384,8 @@ class Writer:
             out += struct.pack("<I", len(t.ne))
             out += struct.pack(f"<{len(t.ne)}Q", *t.ne)
             out += struct.pack("<IQ", t.ggml_type, t.offset)
-        out += bytes(align_up(len(out), self.alignment) - len(out))
+        if self.infos:  # a file without tensors (vocab only) ends after the infos
+            out += bytes(align_up(len(out), self.alignment) - len(out))
         self._f = open(self.path, "wb")
         self._f.write(out)
 
