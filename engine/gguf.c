@@ -11,6 +11,8 @@
 #define LOG_TAG "gguf"
 #include "engine/gguf.h"
 
+#include <float.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -200,16 +202,21 @@ static int parse_tensor_info(struct gguf_file *f, struct file_cursor *c,
                   GGUF_MAX_DIMS);
         return ERR_FORMAT;
     }
+    // NOTE: the bound is the product of the non-zero dims, so that every
+    // partial product a caller may form (rows = ne[1] * ne[2], ...) fits in
+    // int64 even when another dim is 0 and the element count is 0.
     int64_t n_elem = 1;
+    int64_t n_bound = 1;
     for (int d = 0; d < GGUF_MAX_DIMS; d++) ti->ne[d] = 1;
     for (uint32_t d = 0; d < ti->n_dims; d++) {
         uint64_t ne;
         if (file_cursor_u64(c, &ne)) goto truncated;
-        if (ne > (uint64_t)INT64_MAX || (ne && (uint64_t)n_elem > (uint64_t)INT64_MAX / ne)) {
+        if (ne > (uint64_t)INT64_MAX || (ne && (uint64_t)n_bound > (uint64_t)INT64_MAX / ne)) {
             LOG_ERROR("%s: tensor '%s': element count overflows", f->name, name);
             return ERR_FORMAT;
         }
         ti->ne[d] = (int64_t)ne;
+        if (ne) n_bound *= (int64_t)ne;
         n_elem *= (int64_t)ne;
     }
     if (file_cursor_u32(c, &ti->type) || file_cursor_u64(c, &ti->offset)) goto truncated;
@@ -234,6 +241,54 @@ static int parse_tensor_info(struct gguf_file *f, struct file_cursor *c,
 truncated:
     LOG_ERROR("%s: tensor '%s': info runs past the end of the file", f->name, name);
     return ERR_FORMAT;
+}
+
+static int str_cmp(const void *a, const void *b) {
+    const struct gguf_str *x = a;
+    const struct gguf_str *y = b;
+    size_t n = x->len < y->len ? (size_t)x->len : (size_t)y->len;
+    int c = n ? memcmp(x->data, y->data, n) : 0;
+    if (c) return c;
+    return (x->len > y->len) - (x->len < y->len);
+}
+
+/* Sorts names[0..n) (the caller's scratch copy) and reports a name that
+ * appears twice: 0, or ERR_FORMAT with *out_dup set. O(n log n), since a
+ * hostile file can hold hundreds of thousands of short names. */
+static int find_duplicate(struct gguf_str *names, int64_t n, struct gguf_str *out_dup) {
+    if (n < 2) return 0;
+    qsort(names, (size_t)n, sizeof(*names), str_cmp);
+    for (int64_t i = 1; i < n; i++) {
+        if (str_cmp(&names[i - 1], &names[i]) == 0) {
+            *out_dup = names[i];
+            return ERR_FORMAT;
+        }
+    }
+    return 0;
+}
+
+/* Rejects a key (what == "key") or tensor name listed twice. */
+static int check_unique(struct gguf_file *f, const char *what, int64_t n,
+                        const struct gguf_str *(*name_at)(const struct gguf_file *, int64_t)) {
+    struct gguf_str *names = malloc((size_t)(n ? n : 1) * sizeof(*names));
+    if (!names) return ERR_NOMEM;
+    for (int64_t i = 0; i < n; i++) names[i] = *name_at(f, i);
+    struct gguf_str dup;
+    int err = find_duplicate(names, n, &dup);
+    free(names);
+    if (err) {
+        char name[128];
+        LOG_ERROR("%s: %s '%s' appears twice", f->name, what, gguf_str_copy(dup, name, sizeof(name)));
+    }
+    return err;
+}
+
+static const struct gguf_str *kv_key_at(const struct gguf_file *f, int64_t i) {
+    return &f->kvs[i].key;
+}
+
+static const struct gguf_str *tensor_name_at(const struct gguf_file *f, int64_t i) {
+    return &f->tensors[i].name;
 }
 
 static int parse(struct gguf_file *f) {
@@ -282,6 +337,9 @@ static int parse(struct gguf_file *f) {
         int err = parse_kv(f, &c, &f->kvs[i], i);
         if (err) return err;
     }
+    // Duplicate keys (two general.alignment, say) would make readers disagree.
+    int err = check_unique(f, "key", f->n_kv, kv_key_at);
+    if (err) return err;
 
     f->alignment = GGUF_DEFAULT_ALIGNMENT;
     const struct gguf_kv *al = gguf_find(f, "general.alignment");
@@ -298,7 +356,7 @@ static int parse(struct gguf_file *f) {
     f->tensors = calloc((size_t)(n_tensors ? n_tensors : 1), sizeof(*f->tensors));
     if (!f->tensors) return ERR_NOMEM;
     for (int64_t i = 0; i < f->n_tensors; i++) {
-        int err = parse_tensor_info(f, &c, &f->tensors[i], i);
+        err = parse_tensor_info(f, &c, &f->tensors[i], i);
         if (err) return err;
     }
 
@@ -330,15 +388,8 @@ static int parse(struct gguf_file *f) {
             return ERR_FORMAT;
         }
         ti->data = f->data + f->data_offset + ti->offset;
-        for (int64_t j = 0; j < i; j++) {
-            const struct gguf_str *o = &f->tensors[j].name;
-            if (o->len == ti->name.len && memcmp(o->data, ti->name.data, o->len) == 0) {
-                LOG_ERROR("%s: tensor '%s' appears twice", f->name, name);
-                return ERR_FORMAT;
-            }
-        }
     }
-    return 0;
+    return check_unique(f, "tensor", f->n_tensors, tensor_name_at);
 }
 
 int gguf_open_memory(const void *data, size_t size, const char *name, struct gguf_file **out) {
@@ -495,6 +546,10 @@ int gguf_get_f32(const struct gguf_file *f, const char *key, float *out) {
     if (kv->type == GGUF_TYPE_FLOAT64) {
         double d;
         memcpy(&d, kv->data, 8);
+        if (isfinite(d) && fabs(d) > FLT_MAX) {
+            LOG_ERROR("%s: key '%s': %g does not fit in a float", f->name, key, d);
+            return ERR_FORMAT;
+        }
         *out = (float)d;
         return 0;
     }
