@@ -395,7 +395,7 @@ struct engine_model_params engine_model_default_params(void) {
 
 void engine_model_free(struct engine_model *m) {
     if (!m) return;
-    /*TOKENIZER_FREE*/
+    tokenizer_free(m->tok);
     free(m->chat_template);
     free(m->rope_inv_freq);
     free(m->small);
@@ -417,7 +417,10 @@ int engine_model_load(const struct engine_model_params *p, struct engine_model *
         (err = bind_tensors(&ld))) {
         goto fail;
     }
-    /*TOKENIZER_LOAD*/
+    if (gguf_find(m->gguf, "tokenizer.ggml.model")) {
+        err = tokenizer_load(m->gguf, &m->tok);
+        if (err) goto fail;
+    }
 
     const struct hparams *hp = &m->hp;
     struct engine_model_info *info = &m->info;
@@ -449,6 +452,5 @@ const struct tokenizer *engine_model_tokenizer(const struct engine_model *m) { r
 const char *engine_model_chat_template(const struct engine_model *m) { return m->chat_template; }
 
 bool engine_model_is_eog(const struct engine_model *m, int32_t token) {
-    (void)token;
-    return m->tok ? false /*EOG*/ : false;
+    return m->tok && tokenizer_is_eog(m->tok, token);
 }
