@@ -43,7 +43,9 @@ static const char *const gguf_type_names[GGUF_TYPE_COUNT] = {
     "bool",  "string", "array", "uint64", "int64", "float64",
 };
 
-const char *gguf_type_name(uint32_t t) { return t < GGUF_TYPE_COUNT ? gguf_type_names[t] : "invalid"; }
+const char *gguf_type_name(uint32_t t) {
+    return t < GGUF_TYPE_COUNT ? gguf_type_names[t] : "invalid";
+}
 
 /* Bytes of one scalar of type t, 0 for string/array/invalid. */
 static size_t scalar_size(uint32_t t) {
@@ -278,7 +280,8 @@ static int check_unique(struct gguf_file *f, const char *what, int64_t n,
     free(names);
     if (err) {
         char name[128];
-        LOG_ERROR("%s: %s '%s' appears twice", f->name, what, gguf_str_copy(dup, name, sizeof(name)));
+        LOG_ERROR("%s: %s '%s' appears twice", f->name, what,
+                  gguf_str_copy(dup, name, sizeof(name)));
     }
     return err;
 }
