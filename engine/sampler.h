@@ -8,11 +8,31 @@
  * struct sampler_scratch holds the O(n_vocab) work arrays and is shared by all
  * samplers of one thread, so nothing vocabulary-sized is allocated per
  * sequence or per step.
+ *
+ * The pipeline of sampler_sample(), in this order:
+ *   1. copy the logits into the scratch (NaN is read as -inf);
+ *   2. logit bias: logit += bias, or -inf when bias <= -100 (a ban);
+ *   3. repetition penalty over the distinct tokens among the last repeat_last_n
+ *      tokens of prompt + generated: logit > 0 ? logit / penalty : logit * penalty;
+ *   4. presence / frequency penalty over the generated tokens (OpenAI):
+ *      logit -= count * frequency_penalty + (count > 0) * presence_penalty;
+ *   5. temperature == 0: argmax (ties go to the lowest id), done;
+ *   6. top-k: keep the k largest logits (ties: lowest id);
+ *   7. temperature: logit / temperature, then softmax over what is left;
+ *   8. top-p: keep the smallest set, by descending probability, whose
+ *      cumulative probability is >= top_p;
+ *   9. min-p: drop tokens with p < min_p * p_max;
+ *  10. renormalise and draw one token with the sequence's RNG.
+ * Steps 8 and 9 both keep a prefix of the same descending order computed from
+ * the probabilities of step 7, so their result does not depend on how the
+ * implementation interleaves them. Log-probabilities come from the raw logits
+ * (see struct sampler_result), not from this pipeline.
  */
 #ifndef LLMSERVE_SAMPLER_H
 #define LLMSERVE_SAMPLER_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define SAMPLER_MAX_TOP_LOGPROBS 20
@@ -39,11 +59,20 @@ struct sampler_params {
     int32_t n_top_logprobs;                     // alternatives reported, 0..SAMPLER_MAX_TOP_LOGPROBS
 };
 
+/* Defaults: temperature 1, top_k 0, top_p 1, min_p 0, repetition_penalty 1,
+ * repeat_last_n 64, presence and frequency penalty 0, no seed, no bias, no
+ * alternatives. [any thread] */
 struct sampler_params sampler_default_params(void);
 
 /* Checks ranges (temperature >= 0, 0 < top_p <= 1, 0 <= min_p <= 1, penalties
  * finite, bias tokens < n_vocab, n_top_logprobs in range). Returns 0 or
- * ERR_INVAL with a message in msg (size msg_size) naming the field. */
+ * ERR_INVAL with a message in msg (size msg_size) naming the field. In detail:
+ * temperature finite >= 0; top_k any value (<= 0 or >= n_vocab: off);
+ * repetition_penalty finite > 0; repeat_last_n >= -1 (-1: the whole history,
+ * 0: off); presence_penalty and frequency_penalty in [-2, 2] (OpenAI);
+ * logit_bias tokens in [0, n_vocab) with bias in [-100, 100]; top_logprobs
+ * (n_top_logprobs) in [0, SAMPLER_MAX_TOP_LOGPROBS]. msg may be NULL when
+ * msg_size is 0. [any thread] */
 int sampler_params_validate(const struct sampler_params *p, int32_t n_vocab, char *msg,
                             size_t msg_size);
 
@@ -79,8 +108,26 @@ struct sampler_result {
 };
 
 /* Samples from logits [n_vocab] (not modified) and records the chosen token.
- * Returns the token id. Deterministic for a given seed and history. */
+ * Returns the token id. Deterministic for a given seed and history. out may
+ * be NULL when the caller needs only the token. sc must have been created for
+ * at least s's n_vocab; its contents are overwritten. [step thread] */
 int32_t sampler_sample(struct sampler *s, struct sampler_scratch *sc, const float *logits,
                        struct sampler_result *out);
+
+/* The distribution sampler_sample() would draw from for these logits and the
+ * current history, after the whole pipeline: writes probs [n_vocab] (0 for
+ * every token the pipeline dropped; one 1 at the argmax when temperature is 0)
+ * and returns how many tokens have a non-zero probability. Neither records a
+ * token nor advances the RNG. For tests and debugging. [step thread] */
+int32_t sampler_probs(struct sampler *s, struct sampler_scratch *sc, const float *logits,
+                      float *probs);
+
+/* Tokens recorded so far by sampler_accept() / sampler_sample(). */
+int32_t sampler_n_prompt(const struct sampler *s);
+int32_t sampler_n_generated(const struct sampler *s);
+
+/* Invariant check (STYLE 2.6): the generated-token counts behind the presence
+ * and frequency penalties agree with the history. For tests and debug builds. */
+bool sampler_check(const struct sampler *s);
 
 #endif
