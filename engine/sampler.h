@@ -109,8 +109,12 @@ struct sampler_result {
 
 /* Samples from logits [n_vocab] (not modified) and records the chosen token.
  * Returns the token id. Deterministic for a given seed and history. out may
- * be NULL when the caller needs only the token. sc must have been created for
- * at least s's n_vocab; its contents are overwritten. [step thread] */
+ * be NULL when the caller needs only the token: filling it costs one more
+ * pass over the row (a log-sum-exp), often more than the sampling itself, so
+ * pass NULL when the request asked for no log-probs. sc must have been created
+ * for at least s's n_vocab; its contents are overwritten. Cost: greedy is one
+ * pass; top-k <= 512 one pass plus O(k log k); without top-k, top-p sorts only
+ * the tokens that can be in the nucleus. [step thread] */
 int32_t sampler_sample(struct sampler *s, struct sampler_scratch *sc, const float *logits,
                        struct sampler_result *out);
 
