@@ -26,6 +26,7 @@
 // sampler and the stop-string matcher. engine.h is the umbrella header the
 // scheduler and the server include.
 #include "engine/sampler.h"
+#include "engine/stop.h"
 #include "engine/tokenizer.h"
 
 struct engine_model;

@@ -1,49 +1,75 @@
 /*
- * cmd_generate.c - `llmserve generate`: one sequence through the engine,
+ * cmd_generate.c - `llmserve generate`: one sequence through the engine, its
  * prompt prefilled in chunks, then decoded token by token.
  *
- * Contract (scripts and checks rely on it): with --prompt-ids, stdout gets the
- * generated ids space-separated on one line; stderr gets load time, prefill
- * and decode tokens/s.
+ * Contracts (scripts and checks rely on them):
+ *   --prompt-ids 1,2,3   stdout gets the generated ids, space-separated, on one
+ *                        line (greedy unless --temp is given)
+ *   -p TEXT              stdout gets the continuation text (not the prompt), as
+ *                        it is generated; never a broken UTF-8 sequence
+ * Either way stderr gets load time, prefill and decode tokens/s.
  */
 #define LOG_TAG "generate"
 #include <errno.h>
 #include <getopt.h>
-#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/base/buf.h"
 #include "engine/base/clock.h"
 #include "engine/base/err.h"
 #include "engine/base/log.h"
+#include "engine/chat.h"
 #include "engine/engine.h"
 #include "engine/kernels/kernels.h"
+#include "engine/stop.h"
 #include "server/cmd.h"
 
 struct generate_opts {
     const char *model;
     const char *prompt_ids;
+    const char *prompt;
+    bool chat;
+    const char *system;
     int32_t n_predict;
     int32_t n_threads;
-    int32_t batch;       // prefill chunk
+    int32_t batch;                 // prefill chunk
     bool ignore_eos;
+    bool has_temp;
+    struct sampler_params sp;
+    const char *stops[STOP_MAX_STRINGS];
+    int32_t n_stops;
 };
 
 static void generate_usage(FILE *fp) {
     fprintf(fp,
-            "usage: llmserve generate -m FILE --prompt-ids 1,2,3 [-n N] [options]\n"
+            "usage: llmserve generate -m FILE (-p TEXT | --prompt-ids 1,2,3) [-n N] [options]\n"
             "\n"
-            "  -m, --model FILE        GGUF model\n"
-            "      --prompt-ids LIST   prompt as comma-separated token ids\n"
-            "  -n, --n-predict N       tokens to generate (default 32)\n"
-            "  -t, --threads N         kernel threads (default: all cores)\n"
-            "  -b, --batch N           prefill chunk in tokens (default 512)\n"
-            "      --ignore-eos        do not stop at end-of-generation tokens\n"
-            "      --log-level L       error, warn, info, debug (default warn)\n"
-            "\n"
-            "With --prompt-ids, stdout gets the generated ids on one line; decoding\n"
-            "is greedy.\n");
+            "  -m, --model FILE          GGUF model\n"
+            "  -p, --prompt TEXT         prompt text; the continuation streams to stdout\n"
+            "      --chat                render -p as a user message with the model's chat\n"
+            "                            template (and --system TEXT as a system message)\n"
+            "      --system TEXT         system message for --chat\n"
+            "      --prompt-ids LIST     prompt as comma-separated token ids; generated ids go\n"
+            "                            to stdout on one line\n"
+            "  -n, --n-predict N         tokens to generate (default 32)\n"
+            "      --temp T              temperature; 0 = greedy (default 0.8 with -p, 0 with\n"
+            "                            --prompt-ids)\n"
+            "      --top-k K             keep the K most likely tokens (default 40; 0 = off)\n"
+            "      --top-p P             nucleus sampling (default 0.95; 1 = off)\n"
+            "      --min-p P             drop tokens below P * p_max (default 0.05; 0 = off)\n"
+            "      --repeat-penalty R    repetition penalty over the last 64 tokens (default 1)\n"
+            "      --presence-penalty X  OpenAI presence penalty (default 0)\n"
+            "      --frequency-penalty X OpenAI frequency penalty (default 0)\n"
+            "      --seed S              RNG seed (default: random)\n"
+            "      --stop TEXT           stop before this text (repeatable, up to %d)\n"
+            "      --ignore-eos          do not stop at end-of-generation tokens\n"
+            "  -t, --threads N           kernel threads (default: all cores)\n"
+            "  -b, --batch N             prefill chunk in tokens (default 512)\n"
+            "      --log-level L         error, warn, info, debug (default warn)\n",
+            STOP_MAX_STRINGS);
 }
 
 static int parse_i32(const char *s, int32_t lo, int32_t hi, int32_t *out) {
@@ -55,7 +81,25 @@ static int parse_i32(const char *s, int32_t lo, int32_t hi, int32_t *out) {
     return 0;
 }
 
-/* Parses "1,2,3" into a malloc'd array. */
+static int parse_f32(const char *s, float *out) {
+    char *end = NULL;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || end == s || *end || !isfinite(v)) return ERR_INVAL;
+    *out = v;
+    return 0;
+}
+
+static int parse_u64(const char *s, uint64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || s[0] == '-') return ERR_INVAL;
+    *out = v;
+    return 0;
+}
+
+/* Parses "1,2,3" into a malloc'd array of ids in [0, n_vocab). */
 static int parse_ids(const char *s, int32_t n_vocab, int32_t **out, int32_t *out_n) {
     *out = NULL;
     *out_n = 0;
@@ -68,10 +112,7 @@ static int parse_ids(const char *s, int32_t n_vocab, int32_t **out, int32_t *out
         char *end = NULL;
         errno = 0;
         long long v = strtoll(p, &end, 10);
-        if (errno || end == p || v < 0 || v >= n_vocab) {
-            free(ids);
-            return ERR_INVAL;
-        }
+        if (errno || end == p || v < 0 || v >= n_vocab) goto bad;
         if ((size_t)n == cap) {
             cap *= 2;
             int32_t *grown = realloc(ids, cap * sizeof(int32_t));
@@ -86,35 +127,101 @@ static int parse_ids(const char *s, int32_t n_vocab, int32_t **out, int32_t *out
         while (*p == ' ') p++;
         if (*p == ',') {
             p++;
+            if (!*p) goto bad;
         } else if (*p) {
-            free(ids);
-            return ERR_INVAL;
+            goto bad;
         }
     }
-    if (n == 0) {
-        free(ids);
-        return ERR_INVAL;
-    }
+    if (n == 0) goto bad;
     *out = ids;
     *out_n = n;
     return 0;
+bad:
+    free(ids);
+    return ERR_INVAL;
 }
 
-static int32_t argmax(const float *x, int32_t n) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++) {
-        if (x[i] > x[best]) best = i;
+/* Builds the prompt token ids from -p (plain or --chat). */
+static int text_prompt(const struct engine_model *model, const struct generate_opts *o,
+                       int32_t **out, int32_t *out_n) {
+    const struct tokenizer *tok = engine_model_tokenizer(model);
+    if (!tok) {
+        fprintf(stderr, "generate: the model has no tokenizer; use --prompt-ids\n");
+        return ERR_INVAL;
     }
-    return best;
+    size_t len = strlen(o->prompt);
+    if (!o->chat) {
+        int err = tokenizer_encode(tok, o->prompt, len, true, false, out, out_n);
+        if (err == ERR_INVAL) fprintf(stderr, "generate: the prompt is not valid UTF-8\n");
+        return err;
+    }
+    const char *tmpl = engine_model_chat_template(model);
+    enum chat_family fam = CHAT_FAMILY_FALLBACK;
+    int err = chat_detect(tmpl, tmpl ? strlen(tmpl) : 0, &fam);
+    if (err == ERR_UNSUPPORTED) {
+        fprintf(stderr, "generate: the model's chat template is not one llmserve can render\n");
+        return err;
+    }
+    struct chat_message msgs[2];
+    int32_t n_msgs = 0;
+    if (o->system) msgs[n_msgs++] = (struct chat_message){.role = "system", .content = o->system};
+    msgs[n_msgs++] = (struct chat_message){.role = "user", .content = o->prompt};
+    struct chat_render_params rp = chat_render_default_params();
+    int32_t bos = tokenizer_bos(tok);
+    int32_t eos = tokenizer_eos(tok);
+    rp.bos_text = bos >= 0 ? tokenizer_token_text(tok, bos) : NULL;
+    rp.eos_text = eos >= 0 ? tokenizer_token_text(tok, eos) : NULL;
+    struct buf text = {0};
+    bool has_bos = false;
+    char msg[256];
+    err = chat_render(fam, msgs, n_msgs, &rp, &text, &has_bos, msg, sizeof(msg));
+    if (err) {
+        fprintf(stderr, "generate: cannot render the chat prompt: %s\n", msg);
+        buf_free(&text);
+        return err;
+    }
+    LOG_INFO("chat template family=%s", chat_family_name(fam));
+    err = tokenizer_encode(tok, text.data, text.len, !has_bos, true, out, out_n);
+    if (err == ERR_INVAL) fprintf(stderr, "generate: the prompt is not valid UTF-8\n");
+    buf_free(&text);
+    return err;
+}
+
+static void write_out(const struct buf *b) {
+    if (b->len) {
+        fwrite(b->data, 1, b->len, stdout);
+        fflush(stdout);
+    }
 }
 
 int cmd_generate(int argc, char **argv) {
     struct generate_opts o = {.n_predict = 32, .batch = 512};
-    enum { OPT_PROMPT_IDS = 256, OPT_IGNORE_EOS, OPT_LOG_LEVEL };
+    o.sp = sampler_default_params();
+    o.sp.top_k = 40;
+    o.sp.top_p = 0.95f;
+    o.sp.min_p = 0.05f;
+    o.sp.temperature = 0.8f;
+    enum {
+        OPT_PROMPT_IDS = 256, OPT_IGNORE_EOS, OPT_LOG_LEVEL, OPT_CHAT, OPT_SYSTEM, OPT_TEMP,
+        OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_REPEAT, OPT_PRESENCE, OPT_FREQUENCY, OPT_SEED,
+        OPT_STOP,
+    };
     static const struct option long_opts[] = {
         {"model", required_argument, NULL, 'm'},
+        {"prompt", required_argument, NULL, 'p'},
         {"prompt-ids", required_argument, NULL, OPT_PROMPT_IDS},
+        {"chat", no_argument, NULL, OPT_CHAT},
+        {"system", required_argument, NULL, OPT_SYSTEM},
         {"n-predict", required_argument, NULL, 'n'},
+        {"temp", required_argument, NULL, OPT_TEMP},
+        {"top-k", required_argument, NULL, OPT_TOP_K},
+        {"top-p", required_argument, NULL, OPT_TOP_P},
+        {"min-p", required_argument, NULL, OPT_MIN_P},
+        {"repeat-penalty", required_argument, NULL, OPT_REPEAT},
+        {"presence-penalty", required_argument, NULL, OPT_PRESENCE},
+        {"frequency-penalty", required_argument, NULL, OPT_FREQUENCY},
+        {"seed", required_argument, NULL, OPT_SEED},
+        {"stop", required_argument, NULL, OPT_STOP},
         {"threads", required_argument, NULL, 't'},
         {"batch", required_argument, NULL, 'b'},
         {"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS},
@@ -125,12 +232,36 @@ int cmd_generate(int argc, char **argv) {
     log_set_level(LOG_LEVEL_WARN);
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "m:n:t:b:h", long_opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:p:n:t:b:h", long_opts, NULL)) != -1) {
         int err = 0;
         switch (c) {
         case 'm': o.model = optarg; break;
+        case 'p': o.prompt = optarg; break;
         case OPT_PROMPT_IDS: o.prompt_ids = optarg; break;
+        case OPT_CHAT: o.chat = true; break;
+        case OPT_SYSTEM: o.system = optarg; break;
         case 'n': err = parse_i32(optarg, 0, 1 << 24, &o.n_predict); break;
+        case OPT_TEMP:
+            err = parse_f32(optarg, &o.sp.temperature);
+            o.has_temp = true;
+            break;
+        case OPT_TOP_K: err = parse_i32(optarg, 0, 1 << 30, &o.sp.top_k); break;
+        case OPT_TOP_P: err = parse_f32(optarg, &o.sp.top_p); break;
+        case OPT_MIN_P: err = parse_f32(optarg, &o.sp.min_p); break;
+        case OPT_REPEAT: err = parse_f32(optarg, &o.sp.repetition_penalty); break;
+        case OPT_PRESENCE: err = parse_f32(optarg, &o.sp.presence_penalty); break;
+        case OPT_FREQUENCY: err = parse_f32(optarg, &o.sp.frequency_penalty); break;
+        case OPT_SEED:
+            err = parse_u64(optarg, &o.sp.seed);
+            o.sp.has_seed = true;
+            break;
+        case OPT_STOP:
+            if (o.n_stops == STOP_MAX_STRINGS) {
+                fprintf(stderr, "generate: at most %d --stop strings\n", STOP_MAX_STRINGS);
+                return 2;
+            }
+            o.stops[o.n_stops++] = optarg;
+            break;
         case 't': err = parse_i32(optarg, 1, 1024, &o.n_threads); break;
         case 'b': err = parse_i32(optarg, 1, 1 << 16, &o.batch); break;
         case OPT_IGNORE_EOS: o.ignore_eos = true; break;
@@ -149,9 +280,24 @@ int cmd_generate(int argc, char **argv) {
             return 2;
         }
     }
-    if (!o.model || !o.prompt_ids) {
-        fprintf(stderr, "generate: -m FILE and --prompt-ids are required\n\n");
+    if (optind < argc) {
+        fprintf(stderr, "generate: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (!o.model || (!o.prompt_ids == !o.prompt)) {
+        fprintf(stderr, "generate: -m FILE and one of -p TEXT or --prompt-ids are required\n\n");
         generate_usage(stderr);
+        return 2;
+    }
+    if (o.chat && !o.prompt) {
+        fprintf(stderr, "generate: --chat needs -p TEXT\n");
+        return 2;
+    }
+    const bool text_mode = o.prompt != NULL;
+    if (!text_mode && !o.has_temp) o.sp.temperature = 0.0f;
+    char msg[256];
+    if (stop_matcher_validate(o.stops, o.n_stops, msg, sizeof(msg)) != 0) {
+        fprintf(stderr, "generate: %s\n", msg);
         return 2;
     }
 
@@ -167,44 +313,81 @@ int cmd_generate(int argc, char **argv) {
         return 1;
     }
     const struct engine_model_info *info = engine_model_get_info(model);
+    const struct tokenizer *tok = engine_model_tokenizer(model);
     int64_t t_load = clock_mono_ns() - t0;
 
+    int exit_code = 1;
     int32_t *prompt = NULL;
     int32_t n_prompt = 0;
-    err = parse_ids(o.prompt_ids, info->n_vocab, &prompt, &n_prompt);
-    if (err) {
+    struct engine_ctx *ctx = NULL;
+    struct sampler *smp = NULL;
+    struct sampler_scratch *sc = NULL;
+    struct stop_matcher *stop = NULL;
+    int32_t *table = NULL, *pos = NULL, *seq_idx = NULL;
+    int8_t *outf = NULL;
+    struct buf text = {0};
+    struct buf emit = {0};
+
+    if (text_mode) {
+        err = text_prompt(model, &o, &prompt, &n_prompt);
+        if (err) {
+            exit_code = 2;
+            goto done;
+        }
+        if (n_prompt == 0) {
+            fprintf(stderr, "generate: the prompt is empty and the model adds no BOS token\n");
+            exit_code = 2;
+            goto done;
+        }
+    } else if (parse_ids(o.prompt_ids, info->n_vocab, &prompt, &n_prompt) != 0) {
         fprintf(stderr, "generate: --prompt-ids must be comma-separated ids in [0, %d)\n",
                 info->n_vocab);
-        engine_model_free(model);
-        return 2;
+        exit_code = 2;
+        goto done;
+    }
+    if (sampler_params_validate(&o.sp, info->n_vocab, msg, sizeof(msg)) != 0) {
+        fprintf(stderr, "generate: %s\n", msg);
+        exit_code = 2;
+        goto done;
     }
 
     // One sequence: blocks 1..n_need hold positions 0..n_total-1 (block 0 is null).
     struct engine_ctx_params cp = engine_ctx_default_params();
     const int64_t n_total = (int64_t)n_prompt + o.n_predict;
+    if (n_total > (int64_t)1 << 30) {
+        fprintf(stderr, "generate: prompt + n-predict is too long\n");
+        exit_code = 2;
+        goto done;
+    }
     const int32_t n_need = (int32_t)((n_total + cp.block_size - 1) / cp.block_size);
     cp.n_threads = o.n_threads;
     cp.max_seqs = 1;
     cp.max_outputs = 1;
     cp.max_batch_tokens = o.batch < n_prompt ? o.batch : n_prompt;
     cp.n_blocks = n_need + 1;
-    struct engine_ctx *ctx = NULL;
-    int32_t *table = malloc((size_t)n_need * sizeof(int32_t));
-    int32_t *pos = malloc((size_t)cp.max_batch_tokens * sizeof(int32_t));
-    int32_t *seq_idx = calloc((size_t)cp.max_batch_tokens, sizeof(int32_t));
-    int8_t *outf = calloc((size_t)cp.max_batch_tokens, 1);
-    if (!table || !pos || !seq_idx || !outf) {
+    table = malloc((size_t)n_need * sizeof(int32_t));
+    pos = malloc((size_t)cp.max_batch_tokens * sizeof(int32_t));
+    seq_idx = calloc((size_t)cp.max_batch_tokens, sizeof(int32_t));
+    outf = calloc((size_t)cp.max_batch_tokens, 1);
+    smp = sampler_create(&o.sp, info->n_vocab);
+    sc = sampler_scratch_create(info->n_vocab);
+    if (!table || !pos || !seq_idx || !outf || !smp || !sc) {
+        err = ERR_NOMEM;
+        goto done;
+    }
+    if (o.n_stops && stop_matcher_create(o.stops, o.n_stops, false, &stop) != 0) {
         err = ERR_NOMEM;
         goto done;
     }
     err = engine_ctx_create(model, &cp, &ctx);
     if (err) goto done;
     for (int32_t i = 0; i < n_need; i++) table[i] = i + 1;
+    for (int32_t i = 0; i < n_prompt; i++) sampler_accept(smp, prompt[i], true);
     struct engine_seq seq = {.block_table = table, .n_blocks = n_need};
 
-    LOG_INFO("model=%s arch=%s type=%s params=%lld blas=%s threads=%d", info->name, info->arch,
+    LOG_INFO("model=%s arch=%s type=%s params=%lld blas=%s isa=%s", info->name, info->arch,
              info->weight_type, (long long)info->n_params, blas_core ? blas_core : "?",
-             cp.n_threads ? cp.n_threads : 0);
+             kern_get()->isa);
 
     // Prefill in chunks; only the last prompt token asks for logits.
     const float *logits = NULL;
@@ -224,22 +407,32 @@ int cmd_generate(int argc, char **argv) {
     }
     int64_t t_prefill = clock_mono_ns() - t_prefill0;
 
-    // Decode greedily, streaming ids as they come.
+    // Decode, streaming ids or text as they come.
+    struct tokenizer_stream ts;
+    tokenizer_stream_init_continuation(&ts, true);  // keep the first token's space
     int64_t t_decode0 = clock_mono_ns();
     int32_t n_gen = 0;
-    for (; n_gen < o.n_predict; n_gen++) {
-        int32_t next = argmax(logits, info->n_vocab);
-        printf(n_gen ? " %d" : "%d", next);
-        fflush(stdout);
-        if (!o.ignore_eos && engine_model_is_eog(model, next)) {
-            n_gen++;
-            break;
+    bool stopped = false;
+    while (n_gen < o.n_predict && !stopped) {
+        int32_t next = sampler_sample(smp, sc, logits, NULL);
+        n_gen++;
+        bool eog = !o.ignore_eos && engine_model_is_eog(model, next);
+        if (!text_mode) {
+            printf(n_gen > 1 ? " %d" : "%d", next);
+            fflush(stdout);
+        } else if (!eog) {
+            buf_reset(&text);
+            tokenizer_stream_feed(tok, &ts, next, &text);
+            buf_reset(&emit);
+            if (stop) {
+                stopped = stop_matcher_feed(stop, text.data ? text.data : "", text.len, &emit);
+                write_out(&emit);
+            } else {
+                write_out(&text);
+            }
         }
-        if (n_gen + 1 == o.n_predict) {
-            n_gen++;
-            break;
-        }
-        int32_t p = n_prompt + n_gen;
+        if (eog || stopped || n_gen == o.n_predict) break;
+        int32_t p = n_prompt + n_gen - 1;
         int8_t one = 1;
         int32_t zero = 0;
         struct engine_batch b = {.n_tokens = 1, .token = &next, .pos = &p, .seq = &zero,
@@ -247,17 +440,36 @@ int cmd_generate(int argc, char **argv) {
         err = engine_forward(ctx, &b, &logits);
         if (err) goto done;
     }
+    if (text_mode && !stopped) {
+        buf_reset(&text);
+        tokenizer_stream_flush(tok, &ts, &text);
+        if (stop) {
+            buf_reset(&emit);
+            stop_matcher_feed(stop, text.data ? text.data : "", text.len, &emit);
+            stop_matcher_flush(stop, &emit);
+            write_out(&emit);
+        } else {
+            write_out(&text);
+        }
+    }
     printf("\n");
     fflush(stdout);
     int64_t t_decode = clock_mono_ns() - t_decode0;
     fprintf(stderr, "load: %.1f ms\n", (double)t_load / 1e6);
     fprintf(stderr, "prefill: %d tokens in %.1f ms, %.2f tokens/s\n", n_prompt,
             (double)t_prefill / 1e6, n_prompt / ((double)t_prefill / 1e9));
+    // The first generated token came from the prefill's logits.
     fprintf(stderr, "decode: %d tokens in %.1f ms, %.2f tokens/s\n", n_gen,
             (double)t_decode / 1e6, n_gen > 1 ? (n_gen - 1) / ((double)t_decode / 1e9) : 0.0);
+    exit_code = 0;
 
 done:
     if (err) fprintf(stderr, "generate: %s\n", err_str(err));
+    buf_free(&text);
+    buf_free(&emit);
+    stop_matcher_free(stop);
+    sampler_scratch_free(sc);
+    sampler_free(smp);
     engine_ctx_free(ctx);
     free(table);
     free(pos);
@@ -265,5 +477,5 @@ done:
     free(outf);
     free(prompt);
     engine_model_free(model);
-    return err ? 1 : 0;
+    return exit_code;
 }

@@ -1,0 +1,224 @@
+/*
+ * test_generate.c - `llmserve generate` as a user runs it: the real binary,
+ * its stdout contract (generated ids on one line) and its errors.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <cmocka.h>
+
+#include "tests/helpers/testutil.h"
+
+/* Runs cmd, captures stdout into out (size n); returns the exit status. */
+static int run(const char *cmd, char *out, size_t n) {
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t got = fread(out, 1, n - 1, p);
+    out[got] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static const char *bin(void) {
+    const char *b = getenv("LLMSERVE_BIN");
+    assert_non_null(b);
+    return b;
+}
+
+/* ../shared/models/README.md, section A: greedy continuation of [BOS]. */
+static void test_generate_stories260k_prints_reference_ids(void **state) {
+    (void)state;
+    const char *shared = testutil_shared_dir();
+    if (!shared) {
+        print_message("skipped: ../shared is absent (stories260K.gguf)\n");
+        skip();
+    }
+    char cmd[8192], out[4096];
+    snprintf(cmd, sizeof(cmd), "%s generate -m %s/models/stories260K.gguf --prompt-ids 1 -n 31",
+             bin(), shared);
+    assert_int_equal(run(cmd, out, sizeof(out)), 0);
+    assert_string_equal(out,
+                        "403 407 261 378 432 383 286 261 376 298 315 421 395 317 426 338 401 396 "
+                        "267 337 410 408 419 292 411 322 265 282 295 433 426\n");
+}
+
+/* Section B: the prompt "Once upon a time" is 1 403 407 261 378. */
+static void test_generate_stories260k_continues_prompt_ids(void **state) {
+    (void)state;
+    const char *shared = testutil_shared_dir();
+    if (!shared) {
+        print_message("skipped: ../shared is absent (stories260K.gguf)\n");
+        skip();
+    }
+    char cmd[8192], out[4096];
+    snprintf(cmd, sizeof(cmd),
+             "%s generate -m %s/models/stories260K.gguf --prompt-ids 1,403,407,261,378 -n 30",
+             bin(), shared);
+    assert_int_equal(run(cmd, out, sizeof(out)), 0);
+    assert_string_equal(out,
+                        "432 383 286 261 376 298 315 421 395 317 426 338 401 396 267 337 410 408 "
+                        "419 292 411 322 265 282 295 433 426 385 328 432\n");
+}
+
+static void test_generate_rejects_bad_input(void **state) {
+    (void)state;
+    char cmd[8192], out[4096];
+    snprintf(cmd, sizeof(cmd), "%s generate -m /nonexistent.gguf --prompt-ids 1 2>/dev/null",
+             bin());
+    assert_int_equal(run(cmd, out, sizeof(out)), 1);
+    assert_string_equal(out, "");
+
+    // A file that is not GGUF.
+    snprintf(cmd, sizeof(cmd), "%s generate -m %s/meson.build --prompt-ids 1 2>/dev/null", bin(),
+             testutil_source_dir());
+    assert_int_equal(run(cmd, out, sizeof(out)), 1);
+
+    char model[4096];
+    snprintf(model, sizeof(model), "%s/tests/models/llama-f32.gguf", testutil_build_dir());
+    const char *bad_ids[] = {"x", "1,,2", "-1", "300", "1,2,", ""};
+    for (size_t i = 0; i < sizeof(bad_ids) / sizeof(bad_ids[0]); i++) {
+        snprintf(cmd, sizeof(cmd), "%s generate -m %s --prompt-ids '%s' 2>/dev/null", bin(),
+                 model, bad_ids[i]);
+        assert_int_equal(run(cmd, out, sizeof(out)), 2);
+    }
+    snprintf(cmd, sizeof(cmd), "%s generate -m %s --prompt-ids 1 -n abc 2>/dev/null", bin(),
+             model);
+    assert_int_equal(run(cmd, out, sizeof(out)), 2);
+}
+
+static void test_generate_synthetic_model_prints_n_ids(void **state) {
+    (void)state;
+    char cmd[8192], out[4096];
+    snprintf(cmd, sizeof(cmd),
+             "%s generate -m %s/tests/models/llama-f32.gguf --prompt-ids 5,6,7 -n 12 --ignore-eos",
+             bin(), testutil_build_dir());
+    assert_int_equal(run(cmd, out, sizeof(out)), 0);
+    int count = 0;
+    for (char *p = strtok(out, " \n"); p; p = strtok(NULL, " \n")) {
+        long v = strtol(p, NULL, 10);
+        assert_true(v >= 0 && v < 300);
+        count++;
+    }
+    assert_int_equal(count, 12);
+}
+
+/* Section B again, through the tokenizer: the continuation text of the prompt. */
+static void test_generate_stories260k_text_prompt(void **state) {
+    (void)state;
+    const char *shared = testutil_shared_dir();
+    if (!shared) {
+        print_message("skipped: ../shared is absent (stories260K.gguf)\n");
+        skip();
+    }
+    char cmd[8192], out[4096];
+    snprintf(cmd, sizeof(cmd),
+             "%s generate -m %s/models/stories260K.gguf -p 'Once upon a time' -n 30 --temp 0",
+             bin(), shared);
+    assert_int_equal(run(cmd, out, sizeof(out)), 0);
+    assert_string_equal(out, ", there was a little girl named Lily. She loved to play outside in "
+                             "the park. One day,\n");
+
+    // A stop string ends the text before it, across token boundaries ("pa" "rk").
+    snprintf(cmd, sizeof(cmd),
+             "%s generate -m %s/models/stories260K.gguf -p 'Once upon a time' -n 30 --temp 0 "
+             "--stop 'the park'",
+             bin(), shared);
+    assert_int_equal(run(cmd, out, sizeof(out)), 0);
+    assert_string_equal(out, ", there was a little girl named Lily. She loved to play outside in "
+                             "\n");
+
+    // The first generated token keeps its leading space (" upon").
+    snprintf(cmd, sizeof(cmd),
+             "%s generate -m %s/models/stories260K.gguf -p 'Once' -n 3 --temp 0", bin(), shared);
+    assert_int_equal(run(cmd, out, sizeof(out)), 0);
+    assert_string_equal(out, " upon a time\n");
+}
+
+static void test_generate_seed_reproducible(void **state) {
+    (void)state;
+    const char *shared = testutil_shared_dir();
+    if (!shared) {
+        print_message("skipped: ../shared is absent (stories260K.gguf)\n");
+        skip();
+    }
+    char cmd[8192], a[4096], b[4096], c[4096];
+    const char *fmt = "%s generate -m %s/models/stories260K.gguf -p 'Once upon a time' -n 40 "
+                      "--temp 1.0 --top-k 0 --top-p 1 --min-p 0 --seed %d";
+    snprintf(cmd, sizeof(cmd), fmt, bin(), shared, 11);
+    assert_int_equal(run(cmd, a, sizeof(a)), 0);
+    snprintf(cmd, sizeof(cmd), fmt, bin(), shared, 11);
+    assert_int_equal(run(cmd, b, sizeof(b)), 0);
+    assert_string_equal(a, b);
+    snprintf(cmd, sizeof(cmd), fmt, bin(), shared, 12);
+    assert_int_equal(run(cmd, c, sizeof(c)), 0);
+    assert_string_not_equal(a, c);
+}
+
+static void test_tokenize_detokenize_round_trip(void **state) {
+    (void)state;
+    const char *shared = testutil_shared_dir();
+    if (!shared) {
+        print_message("skipped: ../shared is absent (stories260K.gguf)\n");
+        skip();
+    }
+    char cmd[8192], out[4096];
+    snprintf(cmd, sizeof(cmd),
+             "printf 'Once upon a time' | %s tokenize -m %s/models/stories260K.gguf", bin(),
+             shared);
+    assert_int_equal(run(cmd, out, sizeof(out)), 0);
+    assert_string_equal(out, "1 403 407 261 378\n");
+    snprintf(cmd, sizeof(cmd),
+             "printf 'Once upon a time' | %s tokenize -m %s/models/stories260K.gguf --no-special",
+             bin(), shared);
+    assert_int_equal(run(cmd, out, sizeof(out)), 0);
+    assert_string_equal(out, "403 407 261 378\n");
+    snprintf(cmd, sizeof(cmd),
+             "echo 1 403 407 261 378 | %s detokenize -m %s/models/stories260K.gguf --skip-special",
+             bin(), shared);
+    assert_int_equal(run(cmd, out, sizeof(out)), 0);
+    assert_string_equal(out, "Once upon a time\n");
+}
+
+static void test_generate_rejects_bad_text(void **state) {
+    (void)state;
+    char cmd[8192], out[4096];
+    char model[4096];
+    snprintf(model, sizeof(model), "%s/tests/models/llama-f32.gguf", testutil_build_dir());
+    // Invalid UTF-8 (a lone continuation byte) in the prompt and on stdin.
+    snprintf(cmd, sizeof(cmd), "%s generate -m %s -p \"$(printf 'a\\200b')\" 2>/dev/null", bin(),
+             model);
+    assert_int_equal(run(cmd, out, sizeof(out)), 2);
+    snprintf(cmd, sizeof(cmd), "printf 'a\\377' | %s tokenize -m %s 2>/dev/null", bin(), model);
+    assert_int_equal(run(cmd, out, sizeof(out)), 1);
+    snprintf(cmd, sizeof(cmd), "printf 'a\\000b' | %s tokenize -m %s 2>/dev/null", bin(), model);
+    assert_int_equal(run(cmd, out, sizeof(out)), 1);
+    snprintf(cmd, sizeof(cmd), "echo 1 x | %s detokenize -m %s 2>/dev/null", bin(), model);
+    assert_int_equal(run(cmd, out, sizeof(out)), 1);
+    // Out-of-range sampling parameters.
+    snprintf(cmd, sizeof(cmd), "%s generate -m %s -p hi --top-p 0 2>/dev/null", bin(), model);
+    assert_int_equal(run(cmd, out, sizeof(out)), 2);
+    snprintf(cmd, sizeof(cmd), "%s generate -m %s -p hi --temp -1 2>/dev/null", bin(), model);
+    assert_int_equal(run(cmd, out, sizeof(out)), 2);
+    // An empty prompt still has BOS to condition on.
+    snprintf(cmd, sizeof(cmd), "%s generate -m %s -p '' -n 3 --temp 0 2>/dev/null", bin(), model);
+    assert_int_equal(run(cmd, out, sizeof(out)), 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_generate_stories260k_prints_reference_ids),
+        cmocka_unit_test(test_generate_stories260k_continues_prompt_ids),
+        cmocka_unit_test(test_generate_rejects_bad_input),
+        cmocka_unit_test(test_generate_synthetic_model_prints_n_ids),
+        cmocka_unit_test(test_generate_stories260k_text_prompt),
+        cmocka_unit_test(test_generate_seed_reproducible),
+        cmocka_unit_test(test_tokenize_detokenize_round_trip),
+        cmocka_unit_test(test_generate_rejects_bad_text),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
