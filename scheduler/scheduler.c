@@ -1,0 +1,644 @@
+/*
+ * scheduler/scheduler.c - the step loop: drain the mailbox, plan, build the
+ * batch, engine_forward, sample, append, detokenize, check stops, emit, free
+ * what finished.
+ *
+ * The loop runs on its own thread on a libuv loop: an async handle (the
+ * mailbox's wake-up) starts an idle handle, which runs one step per loop turn
+ * while there is work and stops itself when there is none, so an idle
+ * scheduler sleeps in the kernel. Everything the step touches is owned by the
+ * step thread; the batch arrays, the plan and the sampler scratch are sized
+ * once at creation, so a step allocates nothing per token.
+ */
+#define LOG_TAG "sched"
+#include "scheduler/scheduler.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <uv.h>
+
+#include "engine/base/alloc.h"
+#include "engine/base/buf.h"
+#include "engine/base/clock.h"
+#include "engine/base/err.h"
+#include "engine/base/log.h"
+#include "engine/stop.h"
+#include "scheduler/block_alloc.h"
+#include "scheduler/block_table.h"
+#include "scheduler/mailbox.h"
+#include "scheduler/plan.h"
+#include "scheduler/seq.h"
+
+struct scheduler {
+    const struct engine_model *model;   // borrowed; outlives the scheduler
+    const struct tokenizer *tok;        // borrowed from model
+    struct engine_ctx *ctx;             // owned
+    struct scheduler_params p;
+    int32_t n_vocab;
+    int32_t n_ctx;                      // most tokens of one sequence
+    int32_t sliding_window;
+
+    // step-thread state
+    struct block_alloc *alloc;          // owned
+    struct seq_queue running;           // owns its sequences
+    struct seq_queue waiting;           // owns its sequences
+    struct seq_queue rejected;          // filled by plan_step, emptied in the same step
+    struct step_plan plan;              // owned arrays
+    struct plan_budget budget;
+    int32_t *b_token;                   // owned; [max_batch_tokens]
+    int32_t *b_pos;                     // owned; [max_batch_tokens]
+    int32_t *b_seq;                     // owned; [max_batch_tokens]
+    int32_t *b_adapter;                 // owned; [max_batch_tokens]
+    int8_t *b_output;                   // owned; [max_batch_tokens]
+    struct engine_seq *b_seqs;          // owned; [max_seqs]
+    int32_t *row_of;                    // owned; [max_seqs] output row of plan.seqs[i], -1: none
+    int32_t *check_refs;                // owned; [n_blocks] scratch of scheduler_check()
+    struct sampler_scratch *scratch;    // owned
+    struct buf text;                    // owned scratch: one token's emitted text
+    struct scheduler_stats cur;         // the step thread's counters
+    bool stopping;
+    int64_t t_stop_deadline_ns;
+
+    // crossings
+    struct mailbox mailbox;             // [any thread] -> step thread
+    struct stats stats;                 // step thread -> [any thread]
+    atomic_uint_fast64_t next_id;
+    atomic_int n_submitted;             // posted but not yet drained
+    atomic_int n_waiting;               // waiting.n as of the last step
+    atomic_bool is_accepting;
+    atomic_bool is_stop_requested;
+
+    // loop
+    uv_loop_t loop;
+    uv_async_t async;
+    uv_idle_t idle;
+    uv_thread_t thread;
+    bool has_loop;
+    bool has_handles;
+    bool has_thread;
+    bool has_mailbox;
+    bool has_stats;
+};
+
+struct scheduler_params scheduler_default_params(void) {
+    struct scheduler_params p = {
+        .block_size = SCHEDULER_BLOCK_SIZE_DEFAULT,
+        .kv_blocks = 0,
+        .kv_memory_mib = 256,
+        .max_seqs = 64,
+        .max_batch_tokens = 512,
+        .max_queue = 1024,
+        .enable_prefix_cache = true,
+        .n_threads = 0,
+    };
+    return p;
+}
+
+struct scheduler_request scheduler_default_request(void) {
+    struct scheduler_request r;
+    memset(&r, 0, sizeof(r));
+    r.sampling = sampler_default_params();
+    r.max_tokens = 16;
+    r.skip_special = true;
+    r.n_logprobs = -1;
+    r.adapter = -1;
+    return r;
+}
+
+/* ---- finishing ---- */
+
+static enum channel_finish finish_of(enum seq_status st) {
+    switch (st) {
+    case SEQ_STATUS_FINISHED_STOP:     return CHANNEL_FINISH_STOP;
+    case SEQ_STATUS_FINISHED_LENGTH:   return CHANNEL_FINISH_LENGTH;
+    case SEQ_STATUS_FINISHED_CANCELED: return CHANNEL_FINISH_CANCELED;
+    case SEQ_STATUS_FINISHED_ERROR:    return CHANNEL_FINISH_ERROR;
+    case SEQ_STATUS_WAITING:
+    case SEQ_STATUS_RUNNING:
+    case SEQ_STATUS_PREEMPTED:
+        break;
+    }
+    UNREACHABLE();
+}
+
+/* Ends sq (already out of every queue, status set): blocks back to the
+ * ledger at once, last output to the channel, then the sequence is freed. */
+static void finish_seq(struct scheduler *s, struct seq *sq, int err) {
+    ASSERT(seq_is_finished(sq));
+    block_table_release(&sq->table, s->alloc);
+    if (sq->channel) {
+        struct channel_usage u = {sq->n_prompt, seq_n_generated(sq), sq->n_cached,
+                                  sq->n_preemptions};
+        channel_finish(sq->channel, finish_of(sq->status), err, &u);
+    }
+    stats_observe(&s->cur.latency, (double)(clock_mono_ns() - sq->t_arrival_ns) / 1e6);
+    s->cur.n_finished++;
+    LOG_DEBUG("finished seq=%llu status=%d n_prompt=%d n_gen=%d n_cached=%d",
+              (unsigned long long)sq->id, (int)sq->status, (int)sq->n_prompt,
+              (int)seq_n_generated(sq), (int)sq->n_cached);
+    seq_destroy(sq);
+}
+
+static struct seq_queue *queue_of(struct scheduler *s, const struct seq *sq) {
+    return sq->status == SEQ_STATUS_RUNNING ? &s->running : &s->waiting;
+}
+
+static void cancel_seq(struct scheduler *s, struct seq *sq) {
+    seq_queue_remove(queue_of(s, sq), sq);
+    sq->status = SEQ_STATUS_FINISHED_CANCELED;
+    finish_seq(s, sq, 0);
+}
+
+static void cancel_all(struct scheduler *s) {
+    while (s->running.head) cancel_seq(s, s->running.head);
+    while (s->waiting.head) cancel_seq(s, s->waiting.head);
+}
+
+static struct seq *find_seq(struct scheduler *s, uint64_t id) {
+    for (struct seq *q = s->running.head; q; q = q->next)
+        if (q->id == id) return q;
+    for (struct seq *q = s->waiting.head; q; q = q->next)
+        if (q->id == id) return q;
+    return NULL;
+}
+
+/* ---- mailbox ---- */
+
+static void free_msg(struct mailbox_msg *m) {
+    if (m->type == MAILBOX_MSG_SUBMIT) {
+        struct seq *sq = m->payload;
+        if (sq->channel) {
+            struct channel_usage u = {sq->n_prompt, 0, 0, 0};
+            channel_finish(sq->channel, CHANNEL_FINISH_CANCELED, 0, &u);
+        }
+        seq_destroy(sq);
+    }
+    free(m);
+}
+
+static void drain_mailbox(struct scheduler *s) {
+    struct mailbox_msg *m = mailbox_drain(&s->mailbox);
+    while (m) {
+        struct mailbox_msg *next = m->next;
+        switch (m->type) {
+        case MAILBOX_MSG_SUBMIT: {
+            struct seq *sq = m->payload;
+            atomic_fetch_sub(&s->n_submitted, 1);
+            seq_queue_push_back(&s->waiting, sq);
+            s->cur.n_requests++;
+            s->cur.n_prompt_tokens += sq->n_prompt;
+            m->payload = NULL;
+            break;
+        }
+        case MAILBOX_MSG_CANCEL: {
+            struct seq *sq = find_seq(s, m->id);
+            if (sq) cancel_seq(s, sq);
+            break;
+        }
+        case MAILBOX_MSG_STOP:
+            if (!s->stopping) {
+                s->stopping = true;
+                s->t_stop_deadline_ns = clock_mono_ns() + m->arg_ms * 1000000;
+            }
+            break;
+        }
+        free(m);
+        m = next;
+    }
+}
+
+/* ---- the step ---- */
+
+static void publish_stats(struct scheduler *s) {
+    s->cur.n_running = s->running.n;
+    s->cur.n_waiting = s->waiting.n;
+    s->cur.n_blocks_total = block_alloc_n_total(s->alloc);
+    s->cur.n_blocks_used = block_alloc_n_used(s->alloc);
+    s->cur.n_blocks_free = block_alloc_n_free(s->alloc);
+    s->cur.n_blocks_cached = block_alloc_n_cached(s->alloc);
+    atomic_store(&s->n_waiting, s->waiting.n);
+    stats_publish(&s->stats, &s->cur);
+}
+
+/* Samples the row of sq, appends, emits; finishes sq if it stopped. */
+static void emit_token(struct scheduler *s, struct seq *sq, const float *row, int64_t now_ns) {
+    struct sampler_result res;
+    bool want_lp = sq->n_logprobs >= 0;  // filling res costs a pass over the row
+    int32_t token = sampler_sample(sq->sampler, s->scratch, row, want_lp ? &res : NULL);
+    buf_reset(&s->text);
+    enum seq_status st = seq_append(sq, token, &s->text);
+    if (sq->channel)
+        channel_push(sq->channel, token, s->text.data ? s->text.data : "", s->text.len,
+                     want_lp ? &res : NULL);
+    s->cur.n_generated_tokens++;
+    if (sq->t_last_token_ns == 0)
+        stats_observe(&s->cur.ttft, (double)(now_ns - sq->t_arrival_ns) / 1e6);
+    else
+        stats_observe(&s->cur.inter_token, (double)(now_ns - sq->t_last_token_ns) / 1e6);
+    sq->t_last_token_ns = now_ns;
+    if (st != SEQ_STATUS_RUNNING) {
+        seq_queue_remove(&s->running, sq);
+        finish_seq(s, sq, 0);
+    }
+}
+
+int32_t scheduler_step(struct scheduler *s) {
+    drain_mailbox(s);
+    if (s->stopping && clock_mono_ns() >= s->t_stop_deadline_ns) cancel_all(s);
+
+    struct step_plan *plan = &s->plan;
+    plan_step(&s->running, &s->waiting, &s->rejected, s->alloc, &s->budget, plan);
+    s->cur.n_preemptions += plan->n_preempted;
+    s->cur.n_prefix_hit_tokens += plan->n_prefix_hit_tokens;
+    while (s->rejected.head) {
+        struct seq *sq = seq_queue_pop_front(&s->rejected);
+        finish_seq(s, sq, ERR_TOOLONG);
+    }
+    if (plan->n_seqs == 0) {
+        publish_stats(s);
+        return 0;
+    }
+
+    // Flatten the plan into the batch: seqs[i] contributes the tokens
+    // [n_computed, n_computed + n_new); only a token that is the sequence's
+    // last asks for logits.
+    int32_t n = 0;
+    int32_t n_out = 0;
+    for (int32_t i = 0; i < plan->n_seqs; i++) {
+        struct seq *sq = plan->seqs[i];
+        s->row_of[i] = -1;
+        for (int32_t k = 0; k < plan->n_new[i]; k++) {
+            int32_t pos = sq->n_computed + k;
+            s->b_token[n] = sq->tokens[pos];
+            s->b_pos[n] = pos;
+            s->b_seq[n] = i;
+            s->b_adapter[n] = sq->adapter;
+            s->b_output[n] = pos == sq->n_tokens - 1;
+            if (s->b_output[n]) s->row_of[i] = n_out++;
+            n++;
+        }
+        s->b_seqs[i].block_table = sq->table.ids;
+        s->b_seqs[i].n_blocks = sq->table.n_blocks;
+    }
+    struct engine_batch batch = {
+        .n_tokens = n,
+        .token = s->b_token,
+        .pos = s->b_pos,
+        .seq = s->b_seq,
+        .adapter = s->b_adapter,
+        .output = s->b_output,
+        .n_seqs = plan->n_seqs,
+        .seqs = s->b_seqs,
+    };
+    const float *logits = NULL;
+    int err = engine_forward(s->ctx, &batch, &logits);
+    if (err) {
+        LOG_ERROR("engine_forward failed: %s; failing %d sequences", err_str(err),
+                  (int)plan->n_seqs);
+        for (int32_t i = 0; i < plan->n_seqs; i++) {
+            struct seq *sq = plan->seqs[i];
+            seq_queue_remove(&s->running, sq);
+            sq->status = SEQ_STATUS_FINISHED_ERROR;
+            finish_seq(s, sq, err);
+        }
+        publish_stats(s);
+        return err;
+    }
+
+    int64_t now_ns = clock_mono_ns();
+    for (int32_t i = 0; i < plan->n_seqs; i++) {
+        struct seq *sq = plan->seqs[i];
+        sq->n_computed += plan->n_new[i];
+        if (s->p.enable_prefix_cache) seq_publish_blocks(sq, s->alloc);
+        if (s->row_of[i] >= 0)
+            emit_token(s, sq, logits + (size_t)s->row_of[i] * (size_t)s->n_vocab, now_ns);
+    }
+    s->cur.n_steps++;
+    s->cur.n_computed_tokens += n;
+#ifndef NDEBUG
+    ASSERT(scheduler_check(s));
+#endif
+    publish_stats(s);
+    return n;
+}
+
+bool scheduler_has_work(struct scheduler *s) {
+    // Pending cancels need no step: they only matter for queued sequences.
+    return s->running.n > 0 || s->waiting.n > 0 || atomic_load(&s->n_submitted) > 0;
+}
+
+bool scheduler_check(struct scheduler *s) {
+    if (!block_alloc_check(s->alloc)) return false;
+    int32_t n_blocks = block_alloc_n_total(s->alloc) + 1;
+    memset(s->check_refs, 0, (size_t)n_blocks * sizeof(*s->check_refs));
+    struct seq_queue *queues[2] = {&s->running, &s->waiting};
+    for (int qi = 0; qi < 2; qi++) {
+        for (struct seq *q = queues[qi]->head; q; q = q->next) {
+            for (int32_t j = 0; j < q->table.n_blocks; j++) {
+                int32_t id = q->table.ids[j];
+                if (id < 0 || id >= n_blocks) return false;
+                if (id) s->check_refs[id]++;
+            }
+            // Waste: at most the one partly filled block past n_computed.
+            int32_t need = block_table_blocks_for(q->n_computed, s->p.block_size);
+            if (q->table.n_blocks > need + 1 && q->status == SEQ_STATUS_RUNNING) {
+                LOG_ERROR("scheduler_check: seq=%llu holds %d blocks for %d computed tokens",
+                          (unsigned long long)q->id, (int)q->table.n_blocks, (int)q->n_computed);
+                return false;
+            }
+        }
+    }
+    for (int32_t id = 1; id < n_blocks; id++) {
+        if (s->check_refs[id] != block_alloc_n_refs(s->alloc, id)) {
+            LOG_ERROR("scheduler_check: block %d n_refs %d but %d tables hold it", (int)id,
+                      (int)block_alloc_n_refs(s->alloc, id), (int)s->check_refs[id]);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* ---- the loop thread ---- */
+
+static void on_idle(uv_idle_t *h) {
+    struct scheduler *s = h->data;
+    scheduler_step(s);
+    if (scheduler_has_work(s)) return;
+    uv_idle_stop(&s->idle);
+    if (s->stopping) uv_stop(&s->loop);
+}
+
+static void on_async(uv_async_t *h) {
+    struct scheduler *s = h->data;
+    if (!uv_is_active((uv_handle_t *)&s->idle)) uv_idle_start(&s->idle, on_idle);
+}
+
+static void loop_main(void *arg) {
+    struct scheduler *s = arg;
+    uv_run(&s->loop, UV_RUN_DEFAULT);
+}
+
+int scheduler_start(struct scheduler *s) {
+    ASSERT(!s->has_thread);
+    if (uv_thread_create(&s->thread, loop_main, s) != 0) {
+        LOG_ERROR("%s: cannot create the step thread", __func__);
+        return ERR_NOMEM;
+    }
+    s->has_thread = true;
+    return 0;
+}
+
+/* ---- lifecycle ---- */
+
+static int32_t pool_blocks(const struct engine_model *model, const struct scheduler_params *p) {
+    if (p->kv_blocks > 0) return p->kv_blocks;
+    size_t bb = engine_kv_block_bytes(model, p->block_size);
+    if (bb == 0) return 0;
+    size_t n = ((size_t)p->kv_memory_mib << 20) / bb;
+    if (n > (1u << 24)) n = 1u << 24;
+    return (int32_t)n + 1;  // + the null block
+}
+
+int scheduler_create(const struct engine_model *model, const struct scheduler_params *p,
+                     struct scheduler **out) {
+    *out = NULL;
+    if (p->block_size < 1 || p->block_size > 1024 || p->max_seqs < 1 ||
+        p->max_batch_tokens < 1 || p->max_queue < 1 || p->kv_blocks < 0 ||
+        (p->kv_blocks == 0 && p->kv_memory_mib < 1)) {
+        LOG_ERROR("%s: bad params block_size=%d max_seqs=%d max_batch_tokens=%d max_queue=%d "
+                  "kv_blocks=%d kv_memory_mib=%d", __func__, (int)p->block_size,
+                  (int)p->max_seqs, (int)p->max_batch_tokens, (int)p->max_queue,
+                  (int)p->kv_blocks, (int)p->kv_memory_mib);
+        return ERR_INVAL;
+    }
+    int32_t n_blocks = pool_blocks(model, p);
+    if (n_blocks < 2) {
+        LOG_ERROR("%s: a KV budget of %d MiB holds no block of %zu bytes", __func__,
+                  (int)p->kv_memory_mib, engine_kv_block_bytes(model, p->block_size));
+        return ERR_INVAL;
+    }
+    struct scheduler *s = calloc(1, sizeof(*s));
+    if (!s) return ERR_NOMEM;
+    s->model = model;
+    s->p = *p;
+    s->tok = engine_model_tokenizer(model);
+    const struct engine_model_info *info = engine_model_get_info(model);
+    s->n_vocab = info->n_vocab;
+    s->sliding_window = info->sliding_window;
+    int64_t pool_tokens = (int64_t)(n_blocks - 1) * p->block_size;
+    s->n_ctx = info->n_ctx_train > 0 ? info->n_ctx_train : (int32_t)(pool_tokens < INT32_MAX ? pool_tokens : INT32_MAX);
+    atomic_init(&s->next_id, 1);
+    atomic_init(&s->n_submitted, 0);
+    atomic_init(&s->n_waiting, 0);
+    atomic_init(&s->is_accepting, true);
+    atomic_init(&s->is_stop_requested, false);
+
+    struct engine_ctx_params cp = engine_ctx_default_params();
+    cp.n_threads = p->n_threads;
+    cp.max_batch_tokens = p->max_batch_tokens;
+    cp.max_seqs = p->max_seqs;
+    cp.max_outputs = p->max_seqs;  // one logits row per sequence at most
+    cp.block_size = p->block_size;
+    cp.n_blocks = n_blocks;
+    int err = engine_ctx_create(model, &cp, &s->ctx);
+    if (err) goto fail;
+    err = block_alloc_create(n_blocks, p->block_size, &s->alloc);
+    if (err) goto fail;
+    err = ERR_NOMEM;
+    size_t nt = (size_t)p->max_batch_tokens;
+    s->b_token = malloc(nt * sizeof(*s->b_token));
+    s->b_pos = malloc(nt * sizeof(*s->b_pos));
+    s->b_seq = malloc(nt * sizeof(*s->b_seq));
+    s->b_adapter = malloc(nt * sizeof(*s->b_adapter));
+    s->b_output = malloc(nt * sizeof(*s->b_output));
+    s->b_seqs = calloc((size_t)p->max_seqs, sizeof(*s->b_seqs));
+    s->row_of = calloc((size_t)p->max_seqs, sizeof(*s->row_of));
+    s->check_refs = calloc((size_t)n_blocks, sizeof(*s->check_refs));
+    s->scratch = sampler_scratch_create(s->n_vocab);
+    if (!s->b_token || !s->b_pos || !s->b_seq || !s->b_adapter || !s->b_output || !s->b_seqs ||
+        !s->row_of || !s->check_refs || !s->scratch)
+        goto fail;
+    step_plan_init(&s->plan, p->max_seqs);
+    s->budget.max_batch_tokens = p->max_batch_tokens;
+    s->budget.max_seqs = p->max_seqs;
+    s->budget.sliding_window = s->sliding_window;
+    s->budget.enable_prefix_cache = p->enable_prefix_cache;
+
+    if (uv_loop_init(&s->loop) != 0) goto fail;
+    s->has_loop = true;
+    if (uv_async_init(&s->loop, &s->async, on_async) != 0) goto fail;
+    uv_idle_init(&s->loop, &s->idle);
+    s->async.data = s;
+    s->idle.data = s;
+    s->has_handles = true;
+    if (mailbox_init(&s->mailbox, &s->async) != 0) goto fail;
+    s->has_mailbox = true;
+    if (stats_init(&s->stats) != 0) goto fail;
+    s->has_stats = true;
+    publish_stats(s);
+    LOG_INFO("scheduler: kv_blocks=%d block_size=%d kv_mib=%.1f max_seqs=%d max_batch_tokens=%d "
+             "prefix_cache=%d n_ctx=%d", (int)(n_blocks - 1), (int)p->block_size,
+             (double)engine_kv_block_bytes(model, p->block_size) * (n_blocks - 1) / 1048576.0,
+             (int)p->max_seqs, (int)p->max_batch_tokens, (int)p->enable_prefix_cache,
+             (int)s->n_ctx);
+    *out = s;
+    return 0;
+
+fail:
+    scheduler_free(s);
+    return err;
+}
+
+void scheduler_stop(struct scheduler *s, int64_t grace_ms) {
+    atomic_store(&s->is_accepting, false);
+    if (atomic_exchange(&s->is_stop_requested, true)) return;
+    if (grace_ms < 0) grace_ms = 0;
+    if (s->has_thread) {
+        struct mailbox_msg *m = xcalloc(1, sizeof(*m));
+        m->type = MAILBOX_MSG_STOP;
+        m->arg_ms = grace_ms;
+        mailbox_post(&s->mailbox, m);
+        uv_thread_join(&s->thread);
+        s->has_thread = false;
+        // Anything that raced in after the loop's last step.
+        drain_mailbox(s);
+        cancel_all(s);
+    } else {
+        // Driven by hand: finish within the grace period on this thread.
+        drain_mailbox(s);
+        s->stopping = true;
+        s->t_stop_deadline_ns = clock_mono_ns() + grace_ms * 1000000;
+        while (scheduler_has_work(s)) scheduler_step(s);
+    }
+    publish_stats(s);
+}
+
+static void close_noop(uv_handle_t *h) {
+    (void)h;
+}
+
+void scheduler_free(struct scheduler *s) {
+    if (!s) return;
+    if (s->has_mailbox) scheduler_stop(s, 0);
+    if (s->has_handles) {
+        uv_close((uv_handle_t *)&s->async, close_noop);
+        uv_close((uv_handle_t *)&s->idle, close_noop);
+        uv_run(&s->loop, UV_RUN_DEFAULT);
+    }
+    if (s->has_loop) uv_loop_close(&s->loop);
+    if (s->has_mailbox) mailbox_deinit(&s->mailbox, free_msg);
+    if (s->has_stats) stats_deinit(&s->stats);
+    step_plan_deinit(&s->plan);
+    free(s->b_token);
+    free(s->b_pos);
+    free(s->b_seq);
+    free(s->b_adapter);
+    free(s->b_output);
+    free(s->b_seqs);
+    free(s->row_of);
+    free(s->check_refs);
+    sampler_scratch_free(s->scratch);
+    buf_free(&s->text);
+    block_alloc_destroy(s->alloc);
+    engine_ctx_free(s->ctx);
+    free(s);
+}
+
+/* ---- any thread ---- */
+
+static int validate_request(const struct scheduler *s, const struct scheduler_request *r) {
+    if (!r->prompt || r->n_prompt < 1 || r->max_tokens < 1 || r->min_tokens < 0 ||
+        r->n_logprobs < -1 || r->n_logprobs > SAMPLER_MAX_TOP_LOGPROBS || r->n_stop < 0 ||
+        r->n_stop_token_ids < 0 || (r->n_stop_token_ids > 0 && !r->stop_token_ids) ||
+        r->adapter < -1)
+        return ERR_INVAL;
+    for (int32_t i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= s->n_vocab) return ERR_INVAL;
+    char msg[128];
+    if (sampler_params_validate(&r->sampling, s->n_vocab, msg, sizeof(msg)) != 0) {
+        LOG_DEBUG("submit: %s", msg);
+        return ERR_INVAL;
+    }
+    if (stop_matcher_validate(r->stop, r->n_stop, msg, sizeof(msg)) != 0) {
+        LOG_DEBUG("submit: %s", msg);
+        return ERR_INVAL;
+    }
+    // Lengths: the context, and the pool (with a sliding window only the
+    // window plus one step's chunk is ever live).
+    int64_t n_total = (int64_t)r->n_prompt + r->max_tokens;
+    if (n_total > s->n_ctx) return ERR_TOOLONG;
+    int64_t n_live = n_total;
+    int64_t n_slack = 0;
+    if (s->sliding_window > 0 && (int64_t)s->sliding_window + s->p.max_batch_tokens < n_live) {
+        n_live = (int64_t)s->sliding_window + s->p.max_batch_tokens;
+        n_slack = 1;  // the window's first block is partly outside it
+    }
+    int64_t bs = s->p.block_size;
+    if ((n_live + bs - 1) / bs + n_slack > block_alloc_n_total(s->alloc)) return ERR_TOOLONG;
+    return 0;
+}
+
+int scheduler_submit(struct scheduler *s, const struct scheduler_request *req, uint64_t *out_id,
+                     struct channel **out_channel) {
+    *out_id = 0;
+    *out_channel = NULL;
+    if (!atomic_load(&s->is_accepting)) return ERR_SHUTDOWN;
+    int err = validate_request(s, req);
+    if (err) return err;
+    int n_queued = atomic_fetch_add(&s->n_submitted, 1);
+    if (n_queued + atomic_load(&s->n_waiting) >= s->p.max_queue) {
+        atomic_fetch_sub(&s->n_submitted, 1);
+        return ERR_FULL;
+    }
+    struct seq_params sp = {
+        .sampling = req->sampling,
+        .max_tokens = req->max_tokens,
+        .min_tokens = req->min_tokens,
+        .stop = req->stop,
+        .n_stop = req->n_stop,
+        .include_stop_str = req->include_stop_str,
+        .stop_token_ids = req->stop_token_ids,
+        .n_stop_token_ids = req->n_stop_token_ids,
+        .ignore_eos = req->ignore_eos,
+        .skip_special = req->skip_special,
+        .n_logprobs = req->n_logprobs,
+        .adapter = req->adapter,
+    };
+    uint64_t id = atomic_fetch_add(&s->next_id, 1);
+    struct seq *sq = NULL;
+    err = seq_create(id, s->tok, s->n_vocab, req->prompt, req->n_prompt, &sp, s->p.block_size, &sq);
+    struct channel *c = err ? NULL : channel_create(req->n_logprobs >= 0);
+    struct mailbox_msg *m = err ? NULL : calloc(1, sizeof(*m));
+    if (err || !c || !m) {
+        atomic_fetch_sub(&s->n_submitted, 1);
+        seq_destroy(sq);
+        if (c) {
+            channel_release(c);
+            channel_release(c);
+        }
+        free(m);
+        return err ? err : ERR_NOMEM;
+    }
+    sq->channel = c;  // the producer's reference; the caller gets the other
+    sq->t_arrival_ns = clock_mono_ns();
+    m->type = MAILBOX_MSG_SUBMIT;
+    m->id = id;
+    m->payload = sq;
+    mailbox_post(&s->mailbox, m);
+    *out_id = id;
+    *out_channel = c;
+    return 0;
+}
+
+void scheduler_cancel(struct scheduler *s, uint64_t id) {
+    struct mailbox_msg *m = xcalloc(1, sizeof(*m));
+    m->type = MAILBOX_MSG_CANCEL;
+    m->id = id;
+    mailbox_post(&s->mailbox, m);
+}
+
+void scheduler_get_stats(struct scheduler *s, struct scheduler_stats *out) {
+    stats_snapshot(&s->stats, out);
+}

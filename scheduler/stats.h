@@ -1,0 +1,61 @@
+/*
+ * scheduler/stats.h - counters and latency histograms of the scheduler, for
+ * /metrics and the batch tool.
+ *
+ * struct scheduler_stats is a plain value: the step thread updates its own
+ * copy and publishes it once per step under the lock of struct stats;
+ * readers get a consistent snapshot. Histogram buckets are cumulative-style
+ * upper bounds in milliseconds (Prometheus), the same for every histogram.
+ * Threads: stats_publish() [step thread]; stats_snapshot() [any thread].
+ */
+#ifndef SCHEDULER_STATS_H
+#define SCHEDULER_STATS_H
+
+#include <stdint.h>
+
+#include <uv.h>
+
+#define STATS_N_BUCKETS 14
+
+/* Upper bounds (ms) of the buckets; the last bucket is +Inf. */
+extern const double stats_bucket_ms[STATS_N_BUCKETS - 1];
+
+struct stats_histogram {
+    int64_t counts[STATS_N_BUCKETS];  // per bucket (not cumulative)
+    int64_t n;                        // observations
+    double sum_ms;
+};
+
+struct scheduler_stats {
+    int32_t n_running;
+    int32_t n_waiting;
+    int32_t n_blocks_total;
+    int32_t n_blocks_used;
+    int32_t n_blocks_free;            // free list: free + cached
+    int32_t n_blocks_cached;          // cached blocks with no user (reusable)
+    int64_t n_steps;
+    int64_t n_requests;               // submitted
+    int64_t n_finished;
+    int64_t n_preemptions;
+    int64_t n_prompt_tokens;          // prompt tokens of admitted requests (first admission)
+    int64_t n_prefix_hit_tokens;      // of those, found in the prefix cache
+    int64_t n_computed_tokens;        // tokens run through the engine (incl. recompute)
+    int64_t n_generated_tokens;
+    struct stats_histogram ttft;          // submit -> first token
+    struct stats_histogram inter_token;   // between tokens of a sequence
+    struct stats_histogram latency;       // submit -> finish
+};
+
+void stats_observe(struct stats_histogram *h, double ms);
+
+struct stats {
+    uv_mutex_t lock;
+    struct scheduler_stats published;  // under lock
+};
+
+int  stats_init(struct stats *st);  // 0 or ERR_NOMEM
+void stats_deinit(struct stats *st);
+void stats_publish(struct stats *st, const struct scheduler_stats *cur);
+void stats_snapshot(struct stats *st, struct scheduler_stats *out);
+
+#endif // SCHEDULER_STATS_H

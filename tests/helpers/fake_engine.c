@@ -1,0 +1,263 @@
+/*
+ * tests/helpers/fake_engine.c - deterministic stand-ins for the engine and
+ * the tokenizer (the contract is in fake_engine.h). The real sampler and
+ * stop matcher (engine/sampler.c, engine/stop.c) are linked beside it.
+ */
+#define LOG_TAG "fake_engine"
+#include "tests/helpers/fake_engine.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/base/alloc.h"
+#include "engine/base/buf.h"
+#include "engine/base/err.h"
+#include "engine/base/log.h"
+
+struct fake_counters {
+    int64_t n_errors;
+    int64_t n_tokens;
+};
+
+struct tokenizer {
+    int32_t n_vocab;
+};
+
+struct engine_model {
+    struct fake_engine_params p;
+    struct engine_model_info info;
+    struct tokenizer tok;
+    struct fake_counters *counters;  // owned; mutable through a const model
+};
+
+struct kv_slot {
+    int32_t pos;    // -1: never written
+    int32_t token;
+    uint64_t h;
+};
+
+struct engine_ctx {
+    const struct engine_model *m;
+    struct engine_ctx_params p;
+    struct kv_slot *kv;   // [n_blocks * block_size]
+    float *logits;        // [max_batch_tokens * n_vocab]
+    int32_t *order;       // [max_batch_tokens]
+    const struct engine_batch *sort_batch;
+};
+
+static uint64_t mix(uint64_t x) {
+    x ^= x >> 31;
+    x *= 0x7fb5d329728ea185ull;
+    x ^= x >> 27;
+    x *= 0x81dadef4bc2dd44dull;
+    x ^= x >> 33;
+    return x;
+}
+
+static uint64_t chain(uint64_t prev, int32_t token, int32_t pos) {
+    return mix(prev ^ mix((uint64_t)(uint32_t)token * 0x9e3779b97f4a7c15ull + (uint64_t)pos));
+}
+
+/* ---- model ---- */
+
+struct engine_model *fake_engine_model_create(const struct fake_engine_params *p) {
+    struct engine_model *m = xcalloc(1, sizeof(*m));
+    m->p = *p;
+    m->tok.n_vocab = p->n_vocab;
+    m->counters = xcalloc(1, sizeof(*m->counters));
+    m->info.arch = "fake";
+    m->info.name = "fake";
+    m->info.weight_type = "f32";
+    m->info.n_vocab = p->n_vocab;
+    m->info.n_ctx_train = p->n_ctx;
+    m->info.sliding_window = p->sliding_window;
+    m->info.n_layer = 1;
+    return m;
+}
+
+void engine_model_free(struct engine_model *m) {
+    if (!m) return;
+    free(m->counters);
+    free(m);
+}
+
+int64_t fake_engine_n_errors(const struct engine_model *m) { return m->counters->n_errors; }
+int64_t fake_engine_n_tokens(const struct engine_model *m) { return m->counters->n_tokens; }
+
+int32_t fake_engine_argmax(const struct engine_model *m, uint64_t h) {
+    return (int32_t)(h % (uint64_t)m->p.n_vocab);
+}
+
+const struct engine_model_info *engine_model_get_info(const struct engine_model *m) {
+    return &m->info;
+}
+
+const struct tokenizer *engine_model_tokenizer(const struct engine_model *m) { return &m->tok; }
+
+size_t engine_kv_block_bytes(const struct engine_model *m, int32_t block_size) {
+    size_t per = m->p.kv_block_bytes ? m->p.kv_block_bytes : 1024;
+    return per * (size_t)block_size;
+}
+
+/* ---- ctx ---- */
+
+struct engine_ctx_params engine_ctx_default_params(void) {
+    struct engine_ctx_params p = {.max_batch_tokens = 512, .max_seqs = 64, .block_size = 16};
+    return p;
+}
+
+int engine_ctx_create(const struct engine_model *m, const struct engine_ctx_params *p,
+                      struct engine_ctx **out) {
+    *out = NULL;
+    if (p->block_size < 1 || p->n_blocks < 2 || p->max_batch_tokens < 1 || p->max_seqs < 1)
+        return ERR_INVAL;
+    struct engine_ctx *c = xcalloc(1, sizeof(*c));
+    c->m = m;
+    c->p = *p;
+    size_t n_slots = (size_t)p->n_blocks * (size_t)p->block_size;
+    c->kv = xmalloc(n_slots * sizeof(*c->kv));
+    for (size_t i = 0; i < n_slots; i++) c->kv[i].pos = -1;
+    c->logits = xmalloc((size_t)p->max_batch_tokens * (size_t)m->p.n_vocab * sizeof(float));
+    c->order = xmalloc((size_t)p->max_batch_tokens * sizeof(int32_t));
+    *out = c;
+    return 0;
+}
+
+void engine_ctx_free(struct engine_ctx *c) {
+    if (!c) return;
+    free(c->kv);
+    free(c->logits);
+    free(c->order);
+    free(c);
+}
+
+const struct engine_model *engine_ctx_model(const struct engine_ctx *c) { return c->m; }
+int32_t engine_ctx_block_size(const struct engine_ctx *c) { return c->p.block_size; }
+int32_t engine_ctx_n_blocks(const struct engine_ctx *c) { return c->p.n_blocks; }
+
+static void fake_error(const struct engine_ctx *c, const char *what, int32_t seq, int32_t pos,
+                       int32_t q) {
+    if (c->m->counters->n_errors++ < 5)
+        fprintf(stderr, "fake_engine: %s (batch seq %d, pos %d, position %d)\n", what, (int)seq,
+                (int)pos, (int)q);
+}
+
+/* The slot of position q of sequence si, or NULL (counted as an error). */
+static struct kv_slot *slot_of(const struct engine_ctx *c, const struct engine_batch *b,
+                               int32_t si, int32_t pos, int32_t q) {
+    const struct engine_seq *es = &b->seqs[si];
+    int32_t bs = c->p.block_size;
+    int32_t i = q / bs;
+    if (i >= es->n_blocks) {
+        fake_error(c, "position beyond the block table", si, pos, q);
+        return NULL;
+    }
+    int32_t id = es->block_table[i];
+    if (id <= 0 || id >= c->p.n_blocks) {
+        fake_error(c, "null or bad block in the table", si, pos, q);
+        return NULL;
+    }
+    return &c->kv[(size_t)id * (size_t)bs + (size_t)(q % bs)];
+}
+
+/* qsort has no context argument: the batch being sorted sits in a
+ * thread-local pointer (tests run engine_forward on one thread). */
+static _Thread_local const struct engine_batch *sort_b;
+
+static int cmp_order(const void *x, const void *y) {
+    int32_t i = *(const int32_t *)x;
+    int32_t j = *(const int32_t *)y;
+    if (sort_b->seq[i] != sort_b->seq[j]) return sort_b->seq[i] < sort_b->seq[j] ? -1 : 1;
+    if (sort_b->pos[i] != sort_b->pos[j]) return sort_b->pos[i] < sort_b->pos[j] ? -1 : 1;
+    return (i > j) - (i < j);
+}
+
+int engine_forward(struct engine_ctx *c, const struct engine_batch *b, const float **out_logits) {
+    *out_logits = NULL;
+    if (b->n_tokens < 1 || b->n_tokens > c->p.max_batch_tokens || b->n_seqs < 1 ||
+        b->n_seqs > c->p.max_seqs)
+        return ERR_INVAL;
+    int32_t n_vocab = c->m->p.n_vocab;
+    int32_t w = c->m->p.sliding_window;
+    for (int32_t t = 0; t < b->n_tokens; t++) {
+        ASSERT(b->seq[t] >= 0 && b->seq[t] < b->n_seqs && b->pos[t] >= 0);
+        ASSERT(b->token[t] >= 0 && b->token[t] < n_vocab);
+        c->order[t] = t;
+    }
+    sort_b = b;
+    qsort(c->order, (size_t)b->n_tokens, sizeof(*c->order), cmp_order);
+    // Output rows come in batch order: number them first.
+    int32_t n_out = 0;
+    int32_t *row = xmalloc((size_t)b->n_tokens * sizeof(*row));
+    for (int32_t t = 0; t < b->n_tokens; t++) row[t] = b->output[t] ? n_out++ : -1;
+    for (int32_t k = 0; k < b->n_tokens; k++) {
+        int32_t t = c->order[k];
+        int32_t si = b->seq[t];
+        int32_t pos = b->pos[t];
+        uint64_t prev = 0x1234567ull;
+        if (pos > 0) {
+            struct kv_slot *ps = slot_of(c, b, si, pos, pos - 1);
+            if (ps && ps->pos != pos - 1) fake_error(c, "previous position not written", si, pos, pos - 1);
+            if (ps) prev = ps->h;
+        }
+        struct kv_slot *sl = slot_of(c, b, si, pos, pos);
+        uint64_t h = chain(prev, b->token[t], pos);
+        if (sl) {
+            sl->pos = pos;
+            sl->token = b->token[t];
+            sl->h = h;
+        }
+        // Attention: every position of the window must hold itself.
+        int32_t q0 = w > 0 && pos - w + 1 > 0 ? pos - w + 1 : 0;
+        for (int32_t q = q0; q < pos; q++) {
+            struct kv_slot *qs = slot_of(c, b, si, pos, q);
+            if (qs && qs->pos != q) fake_error(c, "attended position not written", si, pos, q);
+        }
+        if (row[t] >= 0) {
+            float *lg = c->logits + (size_t)row[t] * (size_t)n_vocab;
+            for (int32_t j = 0; j < n_vocab; j++) lg[j] = 0.0f;
+            lg[(h >> 17) % (uint64_t)n_vocab] = 1.5f;
+            lg[fake_engine_argmax(c->m, h)] = 3.0f;
+        }
+    }
+    free(row);
+    c->m->counters->n_tokens += b->n_tokens;
+    *out_logits = c->logits;
+    return 0;
+}
+
+/* ---- tokenizer ---- */
+
+int32_t tokenizer_n_vocab(const struct tokenizer *t) { return t->n_vocab; }
+int32_t tokenizer_bos(const struct tokenizer *t) { (void)t; return FAKE_ENGINE_BOS; }
+int32_t tokenizer_eos(const struct tokenizer *t) { (void)t; return FAKE_ENGINE_EOS; }
+
+bool tokenizer_is_eog(const struct tokenizer *t, int32_t id) {
+    (void)t;
+    return id == FAKE_ENGINE_EOS;
+}
+
+void tokenizer_token_to_piece(const struct tokenizer *t, int32_t id, bool special, struct buf *out) {
+    (void)t;
+    (void)special;
+    if (id >= 2) buf_printf(out, "t%d ", (int)id);
+}
+
+void tokenizer_stream_init(struct tokenizer_stream *s, bool skip_special) {
+    memset(s, 0, sizeof(*s));
+    s->skip_special = skip_special;
+}
+
+void tokenizer_stream_feed(const struct tokenizer *t, struct tokenizer_stream *s, int32_t id,
+                           struct buf *out) {
+    s->n_fed++;
+    tokenizer_token_to_piece(t, id, !s->skip_special, out);
+}
+
+void tokenizer_stream_flush(const struct tokenizer *t, struct tokenizer_stream *s, struct buf *out) {
+    (void)t;
+    (void)s;
+    (void)out;
+}

@@ -1,0 +1,256 @@
+/*
+ * tests/scheduler/test_plan.c - the pure step policy: token budget, decode
+ * first, chunked prefill, admission by blocks and max_seqs, prefix hits,
+ * preemption of the newest, rejection of what can never fit.
+ * The "engine" here is the test itself: after each plan it advances
+ * n_computed and appends a token where the plan reached the end.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "engine/base/buf.h"
+#include "scheduler/block_alloc.h"
+#include "scheduler/plan.h"
+#include "scheduler/seq.h"
+#include "tests/helpers/fake_engine.h"
+
+enum { BS = 4 };
+
+struct fixture {
+    struct engine_model *model;
+    struct block_alloc *a;
+    struct seq_queue running, waiting, rejected;
+    struct step_plan plan;
+    struct plan_budget b;
+    uint64_t next_id;
+};
+
+static struct fixture fx;
+
+static void fx_init(int32_t n_blocks, int32_t budget, int32_t max_seqs, bool prefix) {
+    memset(&fx, 0, sizeof(fx));
+    struct fake_engine_params p = {.n_vocab = 64, .n_ctx = 4096};
+    fx.model = fake_engine_model_create(&p);
+    assert_int_equal(block_alloc_create(n_blocks, BS, &fx.a), 0);
+    step_plan_init(&fx.plan, 16);
+    fx.b.max_batch_tokens = budget;
+    fx.b.max_seqs = max_seqs;
+    fx.b.enable_prefix_cache = prefix;
+}
+
+static void free_queue(struct seq_queue *q) {
+    struct seq *s;
+    while ((s = seq_queue_pop_front(q))) {
+        block_table_release(&s->table, fx.a);
+        seq_destroy(s);
+    }
+}
+
+static void fx_deinit(void) {
+    free_queue(&fx.running);
+    free_queue(&fx.waiting);
+    free_queue(&fx.rejected);
+    assert_true(block_alloc_check(fx.a));
+    assert_int_equal(block_alloc_n_used(fx.a), 0);
+    step_plan_deinit(&fx.plan);
+    block_alloc_destroy(fx.a);
+    engine_model_free(fx.model);
+}
+
+/* A waiting sequence with prompt tokens base, base+1, ... (mod 60, + 2). */
+static struct seq *add(int32_t n_prompt, int32_t max_tokens, int32_t base) {
+    int32_t prompt[256];
+    for (int32_t i = 0; i < n_prompt; i++) prompt[i] = 2 + (base + i) % 60;
+    struct seq_params p;
+    memset(&p, 0, sizeof(p));
+    p.sampling = sampler_default_params();
+    p.max_tokens = max_tokens;
+    p.n_logprobs = -1;
+    p.adapter = -1;
+    p.ignore_eos = true;
+    struct seq *s;
+    assert_int_equal(seq_create(++fx.next_id, engine_model_tokenizer(fx.model), 64, prompt,
+                                n_prompt, &p, BS, &s), 0);
+    seq_queue_push_back(&fx.waiting, s);
+    return s;
+}
+
+static void plan(void) {
+    plan_step(&fx.running, &fx.waiting, &fx.rejected, fx.a, &fx.b, &fx.plan);
+    assert_true(block_alloc_check(fx.a));
+    assert_true(fx.plan.n_tokens <= fx.b.max_batch_tokens);
+    assert_true(fx.running.n <= fx.b.max_seqs);
+    for (int32_t i = 0; i < fx.plan.n_seqs; i++) {
+        struct seq *s = fx.plan.seqs[i];
+        // Blocks cover what is computed, with no more than one partial block of waste.
+        assert_int_equal(s->table.n_blocks,
+                         block_table_blocks_for(s->n_computed + fx.plan.n_new[i], BS));
+    }
+}
+
+/* What the engine and sampler would do: advance, append a token at the end. */
+static void execute(void) {
+    for (int32_t i = 0; i < fx.plan.n_seqs; i++) {
+        struct seq *s = fx.plan.seqs[i];
+        s->n_computed += fx.plan.n_new[i];
+        seq_publish_blocks(s, fx.a);
+        if (s->n_computed == s->n_tokens && s->n_tokens < s->n_tokens_max) {
+            struct buf t = {0};
+            seq_append(s, 2 + s->n_tokens % 60, &t);
+            buf_free(&t);
+        }
+    }
+}
+
+static int32_t n_new_of(const struct seq *s) {
+    for (int32_t i = 0; i < fx.plan.n_seqs; i++)
+        if (fx.plan.seqs[i] == s) return fx.plan.n_new[i];
+    return 0;
+}
+
+static void test_plan_decode_first_then_chunked_prefill(void **state) {
+    (void)state;
+    fx_init(64, 10, 8, false);
+    struct seq *a = add(3, 10, 0);
+    plan();
+    assert_int_equal(n_new_of(a), 3);  // whole prompt fits
+    execute();
+    struct seq *b = add(30, 10, 100);
+    plan();
+    assert_int_equal(fx.plan.seqs[0], a);  // the decode comes first
+    assert_int_equal(n_new_of(a), 1);
+    assert_int_equal(n_new_of(b), 9);  // the rest of the budget: a chunk
+    assert_int_equal(fx.plan.n_tokens, 10);
+    execute();
+    plan();
+    assert_int_equal(n_new_of(a), 1);
+    assert_int_equal(n_new_of(b), 9);
+    execute();
+    assert_int_equal(b->n_computed, 18);
+    fx_deinit();
+}
+
+static void test_plan_budget_limits_decodes_too(void **state) {
+    (void)state;
+    fx_init(64, 2, 8, false);
+    struct seq *s[3];
+    for (int i = 0; i < 3; i++) s[i] = add(1, 5, i);
+    plan();
+    assert_int_equal(fx.plan.n_seqs, 2);
+    assert_int_equal(fx.waiting.n, 1);
+    execute();
+    plan();  // two decodes use the budget; the third waits
+    assert_int_equal(fx.plan.n_tokens, 2);
+    assert_int_equal(n_new_of(s[2]), 0);
+    fx_deinit();
+}
+
+static void test_plan_admission_respects_max_seqs(void **state) {
+    (void)state;
+    fx_init(64, 100, 2, false);
+    for (int i = 0; i < 4; i++) add(3, 5, i);
+    plan();
+    assert_int_equal(fx.plan.n_admitted, 2);
+    assert_int_equal(fx.running.n, 2);
+    assert_int_equal(fx.waiting.n, 2);
+    fx_deinit();
+}
+
+static void test_plan_admission_waits_for_blocks(void **state) {
+    (void)state;
+    fx_init(5, 100, 8, false);  // 4 blocks of 4
+    struct seq *a = add(12, 4, 0);  // 3 blocks
+    struct seq *b = add(8, 4, 50);  // 2 blocks: must wait
+    plan();
+    assert_int_equal(a->status, SEQ_STATUS_RUNNING);
+    assert_int_equal(b->status, SEQ_STATUS_WAITING);
+    assert_int_equal(b->table.n_blocks, 0);
+    fx_deinit();
+}
+
+static void test_plan_preempts_newest_and_skips_admission(void **state) {
+    (void)state;
+    fx_init(5, 100, 8, false);  // 4 blocks of 4
+    struct seq *a = add(8, 8, 0);   // 2 blocks
+    struct seq *b = add(8, 8, 50);  // 2 blocks
+    plan();
+    execute();  // both computed 8, appended a 9th token: each needs a 3rd block
+    struct seq *c = add(1, 1, 90);
+    plan();
+    assert_int_equal(fx.plan.n_preempted, 1);
+    assert_int_equal(b->status, SEQ_STATUS_PREEMPTED);  // the newest
+    assert_ptr_equal(fx.waiting.head, b);               // at the head of the queue
+    assert_int_equal(b->n_computed, 0);
+    assert_int_equal(b->table.n_blocks, 0);
+    assert_int_equal(seq_n_generated(b), 1);            // tokens kept
+    assert_int_equal(n_new_of(a), 1);
+    assert_int_equal(c->status, SEQ_STATUS_WAITING);    // no admission this step
+    assert_int_equal(fx.plan.n_admitted, 0);
+    fx_deinit();
+}
+
+static void test_plan_preempts_itself_when_alone_is_newest(void **state) {
+    (void)state;
+    fx_init(3, 100, 8, false);  // 2 blocks of 4
+    struct seq *a = add(4, 8, 0);
+    struct seq *b = add(4, 8, 50);
+    plan();
+    execute();  // both need a 2nd block; a is oldest: b goes
+    plan();
+    assert_int_equal(b->status, SEQ_STATUS_PREEMPTED);
+    assert_int_equal(n_new_of(a), 1);
+    fx_deinit();
+}
+
+static void test_plan_rejects_what_never_fits(void **state) {
+    (void)state;
+    fx_init(3, 100, 8, false);  // 2 blocks of 4 = 8 tokens
+    struct seq *a = add(12, 1, 0);
+    struct seq *b = add(3, 1, 0);
+    plan();
+    assert_int_equal(fx.plan.n_rejected, 1);
+    assert_ptr_equal(fx.rejected.head, a);
+    assert_int_equal(a->status, SEQ_STATUS_FINISHED_ERROR);
+    assert_int_equal(b->status, SEQ_STATUS_RUNNING);
+    fx_deinit();
+}
+
+static void test_plan_prefix_hits_skip_cached_blocks(void **state) {
+    (void)state;
+    fx_init(32, 100, 8, true);
+    struct seq *a = add(18, 5, 0);  // 4 full blocks + 2
+    plan();
+    execute();  // publishes blocks 0..3
+    assert_int_equal(block_alloc_n_used(fx.a), 5);
+    struct seq *b = add(18, 1, 0);  // same prompt
+    plan();
+    assert_int_equal(fx.plan.n_prefix_hit_tokens, 16);
+    assert_int_equal(b->n_computed, 16);
+    assert_int_equal(n_new_of(b), 2);
+    for (int i = 0; i < 4; i++) assert_int_equal(b->table.ids[i], a->table.ids[i]);
+    assert_int_equal(block_alloc_n_refs(fx.a, a->table.ids[0]), 2);
+    // The block holding the last prompt token is never a hit: 16 tokens of 16.
+    struct seq *c = add(16, 1, 0);
+    plan();
+    assert_int_equal(c->n_computed, 12);
+    assert_int_equal(n_new_of(c), 4);
+    fx_deinit();
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_plan_decode_first_then_chunked_prefill),
+        cmocka_unit_test(test_plan_budget_limits_decodes_too),
+        cmocka_unit_test(test_plan_admission_respects_max_seqs),
+        cmocka_unit_test(test_plan_admission_waits_for_blocks),
+        cmocka_unit_test(test_plan_preempts_newest_and_skips_admission),
+        cmocka_unit_test(test_plan_preempts_itself_when_alone_is_newest),
+        cmocka_unit_test(test_plan_rejects_what_never_fits),
+        cmocka_unit_test(test_plan_prefix_hits_skip_cached_blocks),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
