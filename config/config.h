@@ -1,0 +1,75 @@
+/*
+ * config/config.h - THE config API: every setting of `llmserve serve` in one
+ * plain struct, filled in three layers (defaults, then an optional JSON config
+ * file, then command-line flags) and validated once at start-up.
+ *
+ * Owns the strings of a struct config (freed by config_deinit()). Knows
+ * nothing of the modules it configures: server/main.c (and cmd_serve.c)
+ * translate a struct config into the modules' params structs (STYLE 2.10).
+ * Threads: [before start]; a loaded config is read-only afterwards.
+ */
+#ifndef LLMSERVE_CONFIG_H
+#define LLMSERVE_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "engine/base/log.h"
+
+#define CONFIG_MAX_API_KEYS 64
+#define CONFIG_API_KEY_MAX_BYTES 256
+
+struct config {
+    char *host;                   // owned; listen address, default "127.0.0.1"
+    int32_t port;                 // 1..65535, default 8080
+    char *model_path;             // owned; GGUF file (required)
+    char *model_name;             // owned; name served in /v1/models; NULL: the model's own
+    int32_t n_threads;            // kernel threads; 0: all cores
+    int64_t kv_bytes;             // KV cache budget in bytes
+    int32_t block_size;           // tokens per KV block
+    int32_t max_seqs;             // sequences running at once
+    int32_t max_batch_tokens;     // token budget of one step
+    int32_t max_queue;            // requests waiting before 429
+    int64_t max_body_bytes;       // largest request body before 413
+    int32_t request_timeout_s;    // longest a request may run; 0: no limit
+    int32_t shutdown_grace_s;     // how long running streams may finish on SIGTERM
+    char *api_keys[CONFIG_MAX_API_KEYS];  // owned; empty list: no auth
+    int32_t n_api_keys;
+    char *api_key_file;           // owned; one key per line, read by config_load()
+    enum log_level log_level;
+    char *config_file;            // owned; the file that was read, or NULL
+    bool show_help;               // --help was given: print config_print_help(), exit 0
+};
+
+/* Fills c with the defaults (zeroing it first). [before start] */
+void config_init_defaults(struct config *c);
+
+/* Frees the strings of c and zeroes it. Safe on a zeroed or partly filled config. */
+void config_deinit(struct config *c);
+
+/* The whole start-up sequence: defaults, then the file named by --config (if
+ * any), then every other flag of argv (argv[0] is the subcommand name), then
+ * the keys of --api-key-file, then config_validate(). Returns 0 (check
+ * c->show_help), or ERR_INVAL / ERR_IO with a message for the operator in msg
+ * (msg_size bytes, NUL-terminated) naming the flag, key or file. On failure c
+ * still owns whatever it holds: call config_deinit(). [before start] */
+int config_load(struct config *c, int argc, char **argv, char *msg, size_t msg_size);
+
+/* Checks every value's range and that a model is given. Returns 0 or
+ * ERR_INVAL with a message naming the setting. */
+int config_validate(const struct config *c, char *msg, size_t msg_size);
+
+/* Parses a size such as "512M", "2G", "64k" or "1048576" (bytes) into *out.
+ * Suffixes are binary (K = 1024). Returns 0 or ERR_INVAL. */
+int config_parse_size(const char *s, int64_t *out);
+
+/* Writes the `llmserve serve --help` text: every flag, its config-file key and
+ * default. */
+void config_print_help(FILE *fp);
+
+/* Logs the effective config at INFO, one line; API keys only as a count. */
+void config_log(const struct config *c);
+
+#endif

@@ -1,0 +1,201 @@
+/*
+ * config/setting.c - the settings table and the typed parsing of one value.
+ * Range checks live here too, so the file and the flags give the same
+ * messages; config_validate() re-checks cross-field rules.
+ */
+#include "config/setting.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config/config.h"
+#include "engine/base/alloc.h"
+#include "engine/base/err.h"
+#include "engine/base/log.h"
+
+#define OFF(field) offsetof(struct config, field)
+#define GIB (1024LL * 1024 * 1024)
+
+const struct setting setting_table[] = {
+    {"host", 0, "host", SETTING_KIND_STR, OFF(host), 0, 0, "ADDR",
+     "IPv4 address to listen on"},
+    {"port", 'p', "port", SETTING_KIND_I32, OFF(port), 1, 65535, "N", "TCP port"},
+    {"model", 'm', "model", SETTING_KIND_STR, OFF(model_path), 0, 0, "FILE",
+     "GGUF model to serve (required)"},
+    {"model-name", 0, "model_name", SETTING_KIND_STR, OFF(model_name), 0, 0, "NAME",
+     "model id in the API (/v1/models, \"model\" fields); default: the file's name"},
+    {"threads", 't', "threads", SETTING_KIND_I32, OFF(n_threads), 0, 1024, "N",
+     "kernel threads; 0 = all cores"},
+    {"kv-memory", 0, "kv_memory", SETTING_KIND_SIZE, OFF(kv_bytes), 1024 * 1024, 1024 * GIB,
+     "SIZE", "memory for the KV cache, e.g. 512M, 4G"},
+    {"block-size", 0, "block_size", SETTING_KIND_I32, OFF(block_size), 1, 1024, "N",
+     "tokens per KV block"},
+    {"max-seqs", 0, "max_seqs", SETTING_KIND_I32, OFF(max_seqs), 1, 65536, "N",
+     "most sequences running at once"},
+    {"max-batch-tokens", 0, "max_batch_tokens", SETTING_KIND_I32, OFF(max_batch_tokens), 1,
+     1 << 20, "N", "token budget of one step (prefill chunk + decodes)"},
+    {"max-queue", 0, "max_queue", SETTING_KIND_I32, OFF(max_queue), 1, 1 << 20, "N",
+     "requests waiting for a slot before 429"},
+    {"max-body", 0, "max_body", SETTING_KIND_SIZE, OFF(max_body_bytes), 1024, GIB, "SIZE",
+     "largest request body; larger gets 413"},
+    {"request-timeout", 0, "request_timeout", SETTING_KIND_I32, OFF(request_timeout_s), 0,
+     7 * 24 * 3600, "SEC", "longest a request may run, 0 = no limit"},
+    {"shutdown-grace", 0, "shutdown_grace", SETTING_KIND_I32, OFF(shutdown_grace_s), 0, 3600,
+     "SEC", "on SIGINT/SIGTERM, how long running requests may finish"},
+    {"api-key", 0, "api_keys", SETTING_KIND_KEY, OFF(api_keys), 0, 0, "KEY",
+     "accepted bearer key (repeatable; file: array); none = no auth"},
+    {"api-key-file", 0, "api_key_file", SETTING_KIND_STR, OFF(api_key_file), 0, 0, "FILE",
+     "file with one accepted key per line"},
+    {"log-level", 0, "log_level", SETTING_KIND_LOGLEVEL, OFF(log_level), 0, 0, "LEVEL",
+     "error, warn, info or debug"},
+};
+const int setting_n = (int)(sizeof(setting_table) / sizeof(setting_table[0]));
+
+const struct setting *setting_find_key(const char *key) {
+    for (int i = 0; i < setting_n; i++) {
+        if (strcmp(setting_table[i].key, key) == 0) return &setting_table[i];
+    }
+    return NULL;
+}
+
+int config_parse_size(const char *s, int64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || v < 0) return ERR_INVAL;
+    long long mul = 1;
+    switch (*end) {
+    case 0: break;
+    case 'k': case 'K': mul = 1024LL; end++; break;
+    case 'm': case 'M': mul = 1024LL * 1024; end++; break;
+    case 'g': case 'G': mul = GIB; end++; break;
+    default: return ERR_INVAL;
+    }
+    // Accept "512M", "512MB", "512MiB".
+    if (mul > 1 && (strcmp(end, "B") == 0 || strcmp(end, "iB") == 0)) end += strlen(end);
+    if (*end) return ERR_INVAL;
+    if (v > INT64_MAX / mul) return ERR_INVAL;
+    *out = (int64_t)(v * mul);
+    return 0;
+}
+
+int setting_apply(struct config *c, const struct setting *s, const char *value,
+                  const char *where, char *msg, size_t msg_size) {
+    char *base = (char *)c;
+    switch (s->kind) {
+    case SETTING_KIND_STR: {
+        if (!*value) {
+            snprintf(msg, msg_size, "%s: empty value", where);
+            return ERR_INVAL;
+        }
+        char **field = (char **)(void *)(base + s->offset);
+        free(*field);
+        *field = xstrdup(value);
+        return 0;
+    }
+    case SETTING_KIND_I32: {
+        char *end = NULL;
+        errno = 0;
+        long long v = strtoll(value, &end, 10);
+        if (errno || end == value || *end) {
+            snprintf(msg, msg_size, "%s: '%s' is not an integer", where, value);
+            return ERR_INVAL;
+        }
+        if (v < s->lo || v > s->hi) {
+            snprintf(msg, msg_size, "%s: %lld is out of range [%lld, %lld]", where, v, s->lo,
+                     s->hi);
+            return ERR_INVAL;
+        }
+        *(int32_t *)(void *)(base + s->offset) = (int32_t)v;
+        return 0;
+    }
+    case SETTING_KIND_SIZE: {
+        int64_t v = 0;
+        if (config_parse_size(value, &v)) {
+            snprintf(msg, msg_size, "%s: '%s' is not a size (e.g. 1048576, 512K, 64M, 2G)",
+                     where, value);
+            return ERR_INVAL;
+        }
+        if (v < s->lo || v > s->hi) {
+            snprintf(msg, msg_size, "%s: %lld bytes is out of range [%lld, %lld]", where,
+                     (long long)v, s->lo, s->hi);
+            return ERR_INVAL;
+        }
+        *(int64_t *)(void *)(base + s->offset) = v;
+        return 0;
+    }
+    case SETTING_KIND_LOGLEVEL: {
+        enum log_level lvl;
+        if (log_level_parse(value, &lvl)) {
+            snprintf(msg, msg_size, "%s: '%s' is not one of error, warn, info, debug", where,
+                     value);
+            return ERR_INVAL;
+        }
+        c->log_level = lvl;
+        return 0;
+    }
+    case SETTING_KIND_KEY: {
+        size_t len = strlen(value);
+        if (len == 0 || len > CONFIG_API_KEY_MAX_BYTES) {
+            snprintf(msg, msg_size, "%s: an API key must be 1..%d bytes", where,
+                     CONFIG_API_KEY_MAX_BYTES);
+            return ERR_INVAL;
+        }
+        for (size_t i = 0; i < len; i++) {
+            unsigned char ch = (unsigned char)value[i];
+            if (ch <= ' ' || ch >= 0x7f) {
+                snprintf(msg, msg_size, "%s: an API key must be printable ASCII without spaces",
+                         where);
+                return ERR_INVAL;
+            }
+        }
+        if (c->n_api_keys == CONFIG_MAX_API_KEYS) {
+            snprintf(msg, msg_size, "%s: more than %d API keys", where, CONFIG_MAX_API_KEYS);
+            return ERR_INVAL;
+        }
+        c->api_keys[c->n_api_keys++] = xstrdup(value);
+        return 0;
+    }
+    }
+    UNREACHABLE();
+}
+
+void setting_format(const struct config *c, const struct setting *s, char *out, size_t out_size) {
+    const char *base = (const char *)c;
+    switch (s->kind) {
+    case SETTING_KIND_STR: {
+        const char *v = *(char *const *)(const void *)(base + s->offset);
+        snprintf(out, out_size, "%s", v ? v : "(none)");
+        return;
+    }
+    case SETTING_KIND_I32:
+        snprintf(out, out_size, "%d", (int)*(const int32_t *)(const void *)(base + s->offset));
+        return;
+    case SETTING_KIND_SIZE: {
+        long long v = (long long)*(const int64_t *)(const void *)(base + s->offset);
+        if (v % GIB == 0) {
+            snprintf(out, out_size, "%lldG", v / GIB);
+        } else if (v % (1024 * 1024) == 0) {
+            snprintf(out, out_size, "%lldM", v / (1024 * 1024));
+        } else if (v % 1024 == 0) {
+            snprintf(out, out_size, "%lldK", v / 1024);
+        } else {
+            snprintf(out, out_size, "%lld", v);
+        }
+        return;
+    }
+    case SETTING_KIND_LOGLEVEL: {
+        static const char *const names[] = {"error", "warn", "info", "debug"};
+        int lvl = (int)c->log_level;
+        snprintf(out, out_size, "%s", lvl >= 0 && lvl <= 3 ? names[lvl] : "?");
+        return;
+    }
+    case SETTING_KIND_KEY:
+        snprintf(out, out_size, "%d key(s)", (int)c->n_api_keys);
+        return;
+    }
+    UNREACHABLE();
+}
