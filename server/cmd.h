@@ -8,6 +8,7 @@
 
 int cmd_generate(int argc, char **argv);
 int cmd_batch(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 

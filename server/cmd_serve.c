@@ -1,0 +1,176 @@
+/*
+ * cmd_serve.c - `llmserve serve`: load the config and the model, start the
+ * scheduler and the HTTP server, wait for SIGINT/SIGTERM, then shut down
+ * gracefully: stop accepting work (503), let running requests finish for the
+ * grace period, cancel the rest, stop HTTP, exit 0.
+ *
+ * Like main.c, this is where config/ is translated into the modules' params
+ * (STYLE 2.10; the include is listed in scripts/check-layering's exceptions).
+ * Signals are blocked before any thread starts and taken with sigwait() on
+ * the main thread, so no handler runs inside a library.
+ */
+#define LOG_TAG "serve"
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "config/config.h"
+#include "engine/base/clock.h"
+#include "engine/base/err.h"
+#include "engine/base/log.h"
+#include "engine/chat.h"
+#include "engine/engine.h"
+#include "engine/kernels/kernels.h"
+#include "scheduler/scheduler.h"
+#include "server/auth.h"
+#include "server/cmd.h"
+#include "server/http.h"
+#include "server/routes.h"
+
+static void log_model(const struct engine_model_info *info, const char *path) {
+    LOG_INFO("model path=%s name=%s arch=%s type=%s params=%.1fM size_mib=%.1f n_ctx_train=%d "
+             "n_vocab=%d n_layer=%d n_embd=%d n_head=%d n_head_kv=%d",
+             path, info->name, info->arch, info->weight_type, (double)info->n_params / 1e6,
+             (double)info->weight_bytes / (1024.0 * 1024.0), (int)info->n_ctx_train,
+             (int)info->n_vocab, (int)info->n_layer, (int)info->n_embd, (int)info->n_head,
+             (int)info->n_head_kv);
+}
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+int cmd_serve(int argc, char **argv) {
+    struct config cfg;
+    char msg[512];
+    int err = config_load(&cfg, argc, argv, msg, sizeof(msg));
+    if (err) {
+        fprintf(stderr, "llmserve serve: %s\n", msg);
+        config_deinit(&cfg);
+        return 2;
+    }
+    if (cfg.show_help) {
+        config_print_help(stdout);
+        config_deinit(&cfg);
+        return 0;
+    }
+    log_set_level(cfg.log_level);
+    config_log(&cfg);
+
+    struct engine_model *model = NULL;
+    struct scheduler *sched = NULL;
+    struct auth *auth = NULL;
+    struct http_server *http = NULL;
+    int status = 1;
+
+    // Block the stop signals before any thread exists, so every thread
+    // inherits the mask and only sigwait() below sees them.
+    sigset_t stop_set;
+    sigemptyset(&stop_set);
+    sigaddset(&stop_set, SIGINT);
+    sigaddset(&stop_set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    int64_t t0 = clock_mono_ns();
+    struct engine_model_params mp = engine_model_default_params();
+    mp.path = cfg.model_path;
+    err = engine_model_load(&mp, &model);
+    if (err) {
+        LOG_ERROR("cannot load model %s: %s", cfg.model_path, err_str(err));
+        goto done;
+    }
+    const struct engine_model_info *info = engine_model_get_info(model);
+    log_model(info, cfg.model_path);
+    if (strstr(cfg.model_path, "synthetic") || strstr(info->name, "synthetic")) {
+        LOG_WARN("this is a synthetic model: its weights are random, its output is gibberish");
+    }
+
+    struct scheduler_params sp = scheduler_default_params();
+    sp.block_size = cfg.block_size;
+    sp.kv_memory_mib = (int32_t)(cfg.kv_bytes >> 20);
+    sp.max_seqs = cfg.max_seqs;
+    sp.max_batch_tokens = cfg.max_batch_tokens;
+    sp.max_queue = cfg.max_queue;
+    sp.n_threads = cfg.n_threads;
+    err = scheduler_create(model, &sp, &sched);
+    if (err) {
+        LOG_ERROR("cannot create the scheduler: %s", err_str(err));
+        goto done;
+    }
+    err = scheduler_start(sched);
+    if (err) {
+        LOG_ERROR("cannot start the scheduler: %s", err_str(err));
+        goto done;
+    }
+    struct scheduler_stats st;
+    scheduler_get_stats(sched, &st);
+    size_t block_bytes = engine_kv_block_bytes(model, cfg.block_size);
+    int32_t n_blocks = st.n_blocks_total > 0 ? st.n_blocks_total : (int32_t)(cfg.kv_bytes /
+                                                                           (int64_t)block_bytes);
+    LOG_INFO("kv blocks=%d block_size=%d block_kib=%.1f kv_mib=%.1f max_seqs=%d "
+             "max_batch_tokens=%d threads=%d blas=%s",
+             (int)n_blocks, (int)cfg.block_size, (double)block_bytes / 1024.0,
+             (double)block_bytes * n_blocks / (1024.0 * 1024.0), (int)cfg.max_seqs,
+             (int)cfg.max_batch_tokens, (int)cfg.n_threads, kern_blas_init());
+
+    struct routes_ctx app = {
+        .sched = sched,
+        .model = model,
+        .started_s = (int64_t)time(NULL),
+    };
+    app.om.model = model;
+    app.om.name = cfg.model_name ? cfg.model_name : info->name;
+    int64_t kv_tokens = (int64_t)(n_blocks > 1 ? n_blocks - 1 : 0) * cfg.block_size;
+    app.om.n_ctx = info->n_ctx_train;
+    if (kv_tokens > 0 && kv_tokens < app.om.n_ctx) app.om.n_ctx = (int32_t)kv_tokens;
+    const char *tmpl = engine_model_chat_template(model);
+    err = chat_detect(tmpl, tmpl ? strlen(tmpl) : 0, &app.om.chat_family);
+    if (err == ERR_NOTFOUND) {
+        app.om.chat_family = CHAT_FAMILY_FALLBACK;
+        app.om.has_chat = true;
+    } else {
+        app.om.has_chat = err == 0;
+    }
+    LOG_INFO("chat template=%s", app.om.has_chat ? chat_family_name(app.om.chat_family)
+                                                 : "unsupported (chat requests get 400)");
+    if (cfg.n_api_keys) {
+        auth = auth_create((const char *const *)cfg.api_keys, cfg.n_api_keys);
+        app.auth = auth;
+    }
+
+    struct http_params hp = http_default_params();
+    hp.host = cfg.host;
+    hp.port = cfg.port;
+    hp.max_body_bytes = cfg.max_body_bytes;
+    hp.request_timeout_s = cfg.request_timeout_s;
+    err = http_start(&hp, &app, &http);
+    if (err) goto done;
+    LOG_INFO("listening on http://%s:%d model=%s n_ctx=%d auth=%s ready_ms=%lld", cfg.host,
+             (int)cfg.port, app.om.name, (int)app.om.n_ctx, auth ? "on" : "off",
+             (long long)((clock_mono_ns() - t0) / 1000000));
+
+    int sig = 0;
+    sigwait(&stop_set, &sig);
+    LOG_INFO("%s: shutting down, grace=%ds, requests in progress=%d",
+             sig == SIGINT ? "SIGINT" : "SIGTERM", (int)cfg.shutdown_grace_s,
+             (int)http_n_active(http));
+    http_drain(http);
+    scheduler_stop(sched, (int64_t)cfg.shutdown_grace_s * 1000);
+    // Every sequence has finished now; give the streams a moment to write
+    // their last chunks and [DONE].
+    for (int i = 0; i < 200 && http_n_active(http) > 0; i++) sleep_ms(10);
+    status = 0;
+
+done:
+    http_stop(http);
+    scheduler_free(sched);
+    auth_destroy(auth);
+    engine_model_free(model);
+    if (status == 0) LOG_INFO("stopped");
+    config_deinit(&cfg);
+    return status;
+}

@@ -1,0 +1,70 @@
+/*
+ * server/metrics.c - Prometheus text format: "# HELP", "# TYPE", then
+ * samples; histograms as cumulative _bucket{le="..."} lines, _sum and _count.
+ * Names follow Prometheus conventions (base units: seconds, _total counters).
+ */
+#include "server/metrics.h"
+
+static void metric(struct buf *out, const char *name, const char *type, const char *help,
+                   long long value) {
+    buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n%s %lld\n", name, help, name, type, name, value);
+}
+
+static void histogram(struct buf *out, const char *name, const char *help,
+                      const struct stats_histogram *h, const double *bucket_ms) {
+    buf_printf(out, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    long long cum = 0;
+    for (int i = 0; i < STATS_N_BUCKETS - 1; i++) {
+        cum += h->counts[i];
+        buf_printf(out, "%s_bucket{le=\"%g\"} %lld\n", name, bucket_ms[i] / 1000.0, cum);
+    }
+    cum += h->counts[STATS_N_BUCKETS - 1];
+    buf_printf(out, "%s_bucket{le=\"+Inf\"} %lld\n", name, cum);
+    buf_printf(out, "%s_sum %.6f\n%s_count %lld\n", name, h->sum_ms / 1000.0, name,
+               (long long)h->n);
+}
+
+void metrics_format(struct buf *out, const struct scheduler_stats *st, const double *bucket_ms,
+                    const struct metrics_server *sv) {
+    metric(out, "llmserve_requests_running", "gauge", "Sequences in the running batch.",
+           st->n_running);
+    metric(out, "llmserve_requests_waiting", "gauge", "Sequences waiting to be admitted.",
+           st->n_waiting);
+    metric(out, "llmserve_kv_blocks_total", "gauge", "KV blocks in the pool.",
+           st->n_blocks_total);
+    metric(out, "llmserve_kv_blocks_used", "gauge", "KV blocks held by sequences.",
+           st->n_blocks_used);
+    metric(out, "llmserve_kv_blocks_free", "gauge", "KV blocks on the free list (incl. cached).",
+           st->n_blocks_free);
+    metric(out, "llmserve_kv_blocks_cached", "gauge",
+           "Free KV blocks that still hold a reusable prefix.", st->n_blocks_cached);
+    metric(out, "llmserve_prefix_cache_hit_tokens_total", "counter",
+           "Prompt tokens served from the prefix cache.", st->n_prefix_hit_tokens);
+    metric(out, "llmserve_preemptions_total", "counter", "Sequences preempted.",
+           st->n_preemptions);
+    metric(out, "llmserve_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.",
+           st->n_prompt_tokens);
+    metric(out, "llmserve_generation_tokens_total", "counter", "Tokens generated.",
+           st->n_generated_tokens);
+    metric(out, "llmserve_sequences_submitted_total", "counter", "Sequences submitted.",
+           st->n_requests);
+    metric(out, "llmserve_sequences_finished_total", "counter", "Sequences finished.",
+           st->n_finished);
+    metric(out, "llmserve_steps_total", "counter", "Scheduler steps run.", st->n_steps);
+    metric(out, "llmserve_http_requests_total", "counter", "HTTP requests answered.",
+           sv->n_http_requests);
+    metric(out, "llmserve_http_errors_total", "counter", "HTTP responses with status >= 400.",
+           sv->n_http_errors);
+    metric(out, "llmserve_http_rejected_queue_full_total", "counter",
+           "Requests refused with 429 because the queue was full.", sv->n_rejected_full);
+    metric(out, "llmserve_http_disconnects_total", "counter",
+           "Clients that disconnected before their response ended.", sv->n_disconnects);
+    metric(out, "llmserve_http_open_streams", "gauge", "Streaming responses in progress.",
+           sv->n_open_streams);
+    histogram(out, "llmserve_time_to_first_token_seconds", "Submit to first token.", &st->ttft,
+              bucket_ms);
+    histogram(out, "llmserve_inter_token_latency_seconds", "Time between tokens of a sequence.",
+              &st->inter_token, bucket_ms);
+    histogram(out, "llmserve_request_latency_seconds", "Submit to finish.", &st->latency,
+              bucket_ms);
+}

@@ -1,0 +1,33 @@
+/*
+ * server/metrics.h - the Prometheus text exposition (format 0.0.4) of
+ * /metrics, from a scheduler stats snapshot and the server's own counters.
+ *
+ * Pure formatting: owns nothing, keeps no state. [any thread]
+ */
+#ifndef SERVER_METRICS_H
+#define SERVER_METRICS_H
+
+#include <stdint.h>
+
+#include "engine/base/buf.h"
+#include "scheduler/scheduler.h"
+
+/* Counters the HTTP side keeps (atomically) and hands over as plain values. */
+struct metrics_server {
+    int64_t n_http_requests;   // every request answered
+    int64_t n_http_errors;     // of those, with status >= 400
+    int64_t n_rejected_full;   // 429s (queue full)
+    int64_t n_disconnects;     // clients that went away before their stream ended
+    int32_t n_open_streams;    // streaming responses in progress
+};
+
+/* Appends every metric to out: llmserve_requests_running / _waiting, KV blocks
+ * used / free / cached / total, prefix-cache hit tokens, preemptions, prompt
+ * and generation token totals, request counters, and the histograms
+ * time_to_first_token_seconds, inter_token_latency_seconds and
+ * request_latency_seconds with bucket bounds bucket_ms [STATS_N_BUCKETS - 1]
+ * (in milliseconds; exposed in seconds, cumulative, plus +Inf). */
+void metrics_format(struct buf *out, const struct scheduler_stats *st, const double *bucket_ms,
+                    const struct metrics_server *sv);
+
+#endif

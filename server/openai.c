@@ -1,0 +1,750 @@
+/*
+ * server/openai.c - OpenAI request parsing and response building with
+ * jansson. Every field is type-checked before use; a wrong type or range is a
+ * 400 naming the field (OpenAI's "param"). JSON null means "not given".
+ */
+#define LOG_TAG "openai"
+#include "server/openai.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include <jansson.h>
+
+#include "engine/base/alloc.h"
+#include "engine/base/buf.h"
+#include "engine/base/clock.h"
+#include "engine/base/err.h"
+#include "engine/base/log.h"
+
+static int fail(struct openai_error *e, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int fail(struct openai_error *e, const char *param, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof(e->message), fmt, ap);
+    va_end(ap);
+    e->err = ERR_INVAL;
+    e->param = param;
+    e->code = NULL;
+    return ERR_INVAL;
+}
+
+/* ---- typed getters: 0 and *out untouched when absent or null --------------- */
+
+static int get_int(json_t *o, const char *key, int64_t lo, int64_t hi, int64_t *out,
+                   struct openai_error *e) {
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) return 0;
+    int64_t x;
+    if (json_is_integer(v)) {
+        x = (int64_t)json_integer_value(v);
+    } else if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)) &&
+               fabs(json_real_value(v)) < 9e15) {
+        x = (int64_t)json_real_value(v);  // 16.0 is an integer to JavaScript clients
+    } else {
+        return fail(e, key, "'%s' must be an integer", key);
+    }
+    if (x < lo || x > hi) {
+        return fail(e, key, "'%s' must be in [%" PRId64 ", %" PRId64 "], got %" PRId64, key, lo,
+                    hi, x);
+    }
+    *out = x;
+    return 0;
+}
+
+static int get_i32(json_t *o, const char *key, int32_t lo, int32_t hi, int32_t *out,
+                   struct openai_error *e) {
+    int64_t x = *out;
+    int err = get_int(o, key, lo, hi, &x, e);
+    if (!err) *out = (int32_t)x;
+    return err;
+}
+
+static int get_float(json_t *o, const char *key, float *out, struct openai_error *e) {
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_number(v)) return fail(e, key, "'%s' must be a number", key);
+    double x = json_number_value(v);
+    if (!isfinite(x)) return fail(e, key, "'%s' must be finite", key);
+    *out = (float)x;
+    return 0;
+}
+
+static int get_bool(json_t *o, const char *key, bool *out, struct openai_error *e) {
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_boolean(v)) return fail(e, key, "'%s' must be a boolean", key);
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* Copies a JSON string (may hold NUL bytes: refused, prompts are C strings). */
+static int dup_string(json_t *v, const char *param, char **out, struct openai_error *e) {
+    size_t len = json_string_length(v);
+    const char *s = json_string_value(v);
+    if (memchr(s, 0, len)) return fail(e, param, "'%s' must not contain NUL characters", param);
+    *out = xstrdup(s);
+    return 0;
+}
+
+/* ---- fields shared by both routes ------------------------------------------- */
+
+static const char *const known_fields[] = {
+    "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
+    "top_p", "top_k", "min_p", "n", "stop", "seed", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "logit_bias", "logprobs", "top_logprobs", "echo", "stream",
+    "stream_options", "user", "ignore_eos", "min_tokens", "stop_token_ids",
+    "include_stop_str_in_output", "skip_special_tokens",
+};
+
+static void log_unknown_fields(json_t *root) {
+    if (LOG_LEVEL_DEBUG > log_level_current) return;
+    const char *key;
+    json_t *v;
+    json_object_foreach(root, key, v) {
+        bool known = false;
+        for (size_t i = 0; i < sizeof(known_fields) / sizeof(known_fields[0]); i++) {
+            if (strcmp(key, known_fields[i]) == 0) known = true;
+        }
+        if (!known) LOG_DEBUG("ignoring unknown field '%.64s'", key);
+    }
+}
+
+static int parse_stop(json_t *root, struct openai_request *r, struct openai_error *e) {
+    json_t *v = json_object_get(root, "stop");
+    if (!v || json_is_null(v)) return 0;
+    if (json_is_string(v)) {
+        if (json_string_length(v) == 0) return 0;  // "" stops nothing; clients send it
+        int err = dup_string(v, "stop", &r->stop[0], e);
+        if (err) return err;
+        r->n_stop = 1;
+    } else if (json_is_array(v)) {
+        if (json_array_size(v) > STOP_MAX_STRINGS) {
+            return fail(e, "stop", "'stop' may hold at most %d strings", STOP_MAX_STRINGS);
+        }
+        size_t i;
+        json_t *s;
+        json_array_foreach(v, i, s) {
+            if (!json_is_string(s)) return fail(e, "stop", "'stop' must be an array of strings");
+            int err = dup_string(s, "stop", &r->stop[r->n_stop], e);
+            if (err) return err;
+            r->n_stop++;
+        }
+    } else {
+        return fail(e, "stop", "'stop' must be a string or an array of strings");
+    }
+    char msg[200];
+    if (stop_matcher_validate((const char *const *)r->stop, r->n_stop, msg, sizeof(msg))) {
+        return fail(e, "stop", "%s", msg);
+    }
+    return 0;
+}
+
+static int parse_logit_bias(json_t *root, int32_t n_vocab, struct openai_request *r,
+                            struct openai_error *e) {
+    json_t *v = json_object_get(root, "logit_bias");
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_object(v)) return fail(e, "logit_bias", "'logit_bias' must be an object");
+    size_t n = json_object_size(v);
+    if (n > (size_t)n_vocab) return fail(e, "logit_bias", "'logit_bias' has too many entries");
+    r->logit_bias = xcalloc(n ? n : 1, sizeof(*r->logit_bias));
+    const char *key;
+    json_t *b;
+    int32_t k = 0;
+    json_object_foreach(v, key, b) {
+        char *end = NULL;
+        long long id = strtoll(key, &end, 10);
+        if (end == key || *end || id < 0 || id >= n_vocab) {
+            return fail(e, "logit_bias", "'logit_bias' key '%.32s' is not a token id in [0, %d)",
+                        key, (int)n_vocab);
+        }
+        if (!json_is_number(b) || !isfinite(json_number_value(b))) {
+            return fail(e, "logit_bias", "'logit_bias' values must be numbers");
+        }
+        r->logit_bias[k].token = (int32_t)id;
+        r->logit_bias[k].bias = (float)json_number_value(b);
+        k++;
+    }
+    r->sampling.logit_bias = r->logit_bias;
+    r->sampling.n_logit_bias = k;
+    return 0;
+}
+
+static int parse_stop_token_ids(json_t *root, int32_t n_vocab, struct openai_request *r,
+                                struct openai_error *e) {
+    json_t *v = json_object_get(root, "stop_token_ids");
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_array(v) || json_array_size(v) > 1024) {
+        return fail(e, "stop_token_ids", "'stop_token_ids' must be an array of at most 1024 ids");
+    }
+    size_t n = json_array_size(v);
+    r->stop_token_ids = xcalloc(n ? n : 1, sizeof(int32_t));
+    size_t i;
+    json_t *t;
+    json_array_foreach(v, i, t) {
+        if (!json_is_integer(t) || json_integer_value(t) < 0 ||
+            json_integer_value(t) >= n_vocab) {
+            return fail(e, "stop_token_ids", "'stop_token_ids' must hold token ids in [0, %d)",
+                        (int)n_vocab);
+        }
+        r->stop_token_ids[i] = (int32_t)json_integer_value(t);
+    }
+    r->n_stop_token_ids = (int32_t)n;
+    return 0;
+}
+
+static int parse_common(json_t *root, int32_t n_vocab, struct openai_request *r,
+                        struct openai_error *e) {
+    int err = 0;
+    json_t *model = json_object_get(root, "model");
+    if (model && !json_is_null(model)) {
+        if (!json_is_string(model)) return fail(e, "model", "'model' must be a string");
+        if ((err = dup_string(model, "model", &r->model, e))) return err;
+    }
+    json_t *user = json_object_get(root, "user");
+    if (user && !json_is_null(user) && !json_is_string(user)) {
+        return fail(e, "user", "'user' must be a string");
+    }
+    struct sampler_params *sp = &r->sampling;
+    int64_t seed = 0;
+    bool has_seed = json_object_get(root, "seed") && !json_is_null(json_object_get(root, "seed"));
+    if ((err = get_i32(root, "max_tokens", 1, INT32_MAX, &r->max_tokens, e)) ||
+        (err = get_i32(root, "max_completion_tokens", 1, INT32_MAX, &r->max_tokens, e)) ||
+        (err = get_i32(root, "n", 1, OPENAI_MAX_N, &r->n, e)) ||
+        (err = get_float(root, "temperature", &sp->temperature, e)) ||
+        (err = get_float(root, "top_p", &sp->top_p, e)) ||
+        (err = get_i32(root, "top_k", INT32_MIN, INT32_MAX, &sp->top_k, e)) ||
+        (err = get_float(root, "min_p", &sp->min_p, e)) ||
+        (err = get_float(root, "presence_penalty", &sp->presence_penalty, e)) ||
+        (err = get_float(root, "frequency_penalty", &sp->frequency_penalty, e)) ||
+        (err = get_float(root, "repetition_penalty", &sp->repetition_penalty, e)) ||
+        (err = get_int(root, "seed", INT64_MIN, INT64_MAX, &seed, e)) ||
+        (err = get_i32(root, "min_tokens", 0, INT32_MAX, &r->min_tokens, e)) ||
+        (err = get_bool(root, "stream", &r->stream, e)) ||
+        (err = get_bool(root, "ignore_eos", &r->ignore_eos, e)) ||
+        (err = get_bool(root, "include_stop_str_in_output", &r->include_stop_str, e)) ||
+        (err = get_bool(root, "skip_special_tokens", &r->skip_special, e))) {
+        return err;
+    }
+    if (has_seed) {
+        sp->seed = (uint64_t)seed;
+        sp->has_seed = true;
+    }
+    json_t *so = json_object_get(root, "stream_options");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so)) {
+            return fail(e, "stream_options", "'stream_options' must be an object");
+        }
+        if ((err = get_bool(so, "include_usage", &r->include_usage, e))) return err;
+    }
+    if ((err = parse_stop(root, r, e)) || (err = parse_logit_bias(root, n_vocab, r, e)) ||
+        (err = parse_stop_token_ids(root, n_vocab, r, e))) {
+        return err;
+    }
+    return 0;
+}
+
+/* ---- prompts and messages -------------------------------------------------- */
+
+static int parse_ids(json_t *arr, int32_t n_vocab, struct openai_prompt *p,
+                     struct openai_error *e) {
+    size_t n = json_array_size(arr);
+    if (n == 0) return fail(e, "prompt", "'prompt' must not be empty");
+    if (n > INT32_MAX / 2) return fail(e, "prompt", "'prompt' is too long");
+    p->ids = xmalloc(n * sizeof(int32_t));
+    size_t i;
+    json_t *t;
+    json_array_foreach(arr, i, t) {
+        if (!json_is_integer(t) || json_integer_value(t) < 0 ||
+            json_integer_value(t) >= n_vocab) {
+            return fail(e, "prompt", "'prompt' token ids must be integers in [0, %d)",
+                        (int)n_vocab);
+        }
+        p->ids[i] = (int32_t)json_integer_value(t);
+    }
+    p->n_ids = (int32_t)n;
+    return 0;
+}
+
+/* string | [string, ...] | [int, ...] | [[int, ...], ...] */
+static int parse_prompt(json_t *root, int32_t n_vocab, struct openai_request *r,
+                        struct openai_error *e) {
+    json_t *v = json_object_get(root, "prompt");
+    if (!v || json_is_null(v)) return fail(e, "prompt", "'prompt' is required");
+    if (json_is_string(v)) {
+        r->prompts = xcalloc(1, sizeof(*r->prompts));
+        r->n_prompts = 1;
+        return dup_string(v, "prompt", &r->prompts[0].text, e);
+    }
+    if (!json_is_array(v) || json_array_size(v) == 0) {
+        return fail(e, "prompt",
+                    "'prompt' must be a string, an array of strings, an array of token ids "
+                    "or an array of token id arrays");
+    }
+    json_t *first = json_array_get(v, 0);
+    if (json_is_integer(first)) {
+        r->prompts = xcalloc(1, sizeof(*r->prompts));
+        r->n_prompts = 1;
+        return parse_ids(v, n_vocab, &r->prompts[0], e);
+    }
+    size_t n = json_array_size(v);
+    if (n > OPENAI_MAX_PROMPTS) {
+        return fail(e, "prompt", "'prompt' may hold at most %d prompts", OPENAI_MAX_PROMPTS);
+    }
+    r->prompts = xcalloc(n, sizeof(*r->prompts));
+    r->n_prompts = (int32_t)n;
+    size_t i;
+    json_t *item;
+    json_array_foreach(v, i, item) {
+        int err;
+        if (json_is_string(item) && json_is_string(first)) {
+            err = dup_string(item, "prompt", &r->prompts[i].text, e);
+        } else if (json_is_array(item) && json_is_array(first)) {
+            err = parse_ids(item, n_vocab, &r->prompts[i], e);
+        } else {
+            err = fail(e, "prompt", "'prompt' array items must all be strings or all token id "
+                                    "arrays");
+        }
+        if (err) return err;
+    }
+    return 0;
+}
+
+/* content: string | null | [{"type": "text", "text": "..."}, ...] */
+static int parse_content(json_t *c, char **out, struct openai_error *e) {
+    if (!c || json_is_null(c)) {
+        *out = xstrdup("");
+        return 0;
+    }
+    if (json_is_string(c)) return dup_string(c, "messages", out, e);
+    if (!json_is_array(c)) {
+        return fail(e, "messages", "message 'content' must be a string or an array of parts");
+    }
+    struct buf b = {0};
+    size_t i;
+    json_t *part;
+    json_array_foreach(c, i, part) {
+        json_t *type = json_object_get(part, "type");
+        json_t *text = json_object_get(part, "text");
+        if (!json_is_object(part) || !json_is_string(type) ||
+            strcmp(json_string_value(type), "text") != 0 || !json_is_string(text)) {
+            buf_free(&b);
+            return fail(e, "messages", "only content parts of type 'text' are supported");
+        }
+        if (memchr(json_string_value(text), 0, json_string_length(text))) {
+            buf_free(&b);
+            return fail(e, "messages", "message content must not contain NUL characters");
+        }
+        buf_append(&b, json_string_value(text), json_string_length(text));
+    }
+    *out = b.data ? buf_take(&b) : xstrdup("");
+    return 0;
+}
+
+static int parse_messages(json_t *root, struct openai_request *r, struct openai_error *e) {
+    json_t *v = json_object_get(root, "messages");
+    if (!v || json_is_null(v)) return fail(e, "messages", "'messages' is required");
+    if (!json_is_array(v) || json_array_size(v) == 0) {
+        return fail(e, "messages", "'messages' must be a non-empty array");
+    }
+    size_t n = json_array_size(v);
+    if (n > OPENAI_MAX_MESSAGES) {
+        return fail(e, "messages", "'messages' may hold at most %d messages",
+                    OPENAI_MAX_MESSAGES);
+    }
+    r->messages = xcalloc(n, sizeof(*r->messages));
+    size_t i;
+    json_t *m;
+    json_array_foreach(v, i, m) {
+        if (!json_is_object(m)) return fail(e, "messages", "each message must be an object");
+        json_t *role = json_object_get(m, "role");
+        if (!json_is_string(role)) return fail(e, "messages", "each message needs a 'role'");
+        char *role_s = NULL;
+        char *content_s = NULL;
+        int err = dup_string(role, "messages", &role_s, e);
+        if (!err) err = parse_content(json_object_get(m, "content"), &content_s, e);
+        r->messages[i].role = role_s;
+        r->messages[i].content = content_s;
+        r->n_messages = (int32_t)i + 1;
+        if (err) return err;
+    }
+    return 0;
+}
+
+static int parse_logprobs(json_t *root, struct openai_request *r, struct openai_error *e) {
+    json_t *v = json_object_get(root, "logprobs");
+    if (r->route == OPENAI_ROUTE_COMPLETIONS) {
+        // Completions: logprobs is the number of alternatives (OpenAI: up to 5).
+        if (v && json_is_boolean(v)) {
+            r->n_logprobs = json_is_true(v) ? 0 : -1;
+            return 0;
+        }
+        return get_i32(root, "logprobs", 0, SAMPLER_MAX_TOP_LOGPROBS, &r->n_logprobs, e);
+    }
+    // Chat: logprobs is a boolean, top_logprobs the number of alternatives.
+    bool want = false;
+    int32_t top = 0;
+    int err = get_bool(root, "logprobs", &want, e);
+    if (!err) err = get_i32(root, "top_logprobs", 0, SAMPLER_MAX_TOP_LOGPROBS, &top, e);
+    if (err) return err;
+    json_t *tl = json_object_get(root, "top_logprobs");
+    if (!want && tl && !json_is_null(tl) && top > 0) {
+        return fail(e, "top_logprobs", "'top_logprobs' needs 'logprobs' set to true");
+    }
+    r->n_logprobs = want ? top : -1;
+    return 0;
+}
+
+int openai_parse(enum openai_route route, const char *body, size_t len, int32_t n_vocab,
+                 struct openai_request *out, struct openai_error *e) {
+    memset(out, 0, sizeof(*out));
+    memset(e, 0, sizeof(*e));
+    out->route = route;
+    out->max_tokens = -1;
+    out->n = 1;
+    out->n_logprobs = -1;
+    out->skip_special = true;
+    out->sampling = sampler_default_params();
+
+    json_error_t jerr;
+    json_t *root = json_loadb(body, len, 0, &jerr);
+    if (!root) {
+        return fail(e, NULL, "We could not parse the JSON body of your request: %s (line %d, "
+                             "column %d)", jerr.text, jerr.line, jerr.column);
+    }
+    int err = 0;
+    if (!json_is_object(root)) {
+        err = fail(e, NULL, "The request body must be a JSON object");
+        goto done;
+    }
+    log_unknown_fields(root);
+    err = parse_common(root, n_vocab, out, e);
+    if (!err) err = parse_logprobs(root, out, e);
+    if (!err && route == OPENAI_ROUTE_COMPLETIONS) {
+        err = get_bool(root, "echo", &out->echo, e);
+        if (!err) err = parse_prompt(root, n_vocab, out, e);
+    }
+    if (!err && route == OPENAI_ROUTE_CHAT) err = parse_messages(root, out, e);
+    if (!err && out->n_prompts * out->n > OPENAI_MAX_CHOICES) {
+        err = fail(e, "n", "prompts times 'n' must be at most %d", OPENAI_MAX_CHOICES);
+    }
+    if (!err) {
+        char msg[200];
+        if (sampler_params_validate(&out->sampling, n_vocab, msg, sizeof(msg))) {
+            err = fail(e, NULL, "%s", msg);
+        }
+    }
+done:
+    json_decref(root);
+    if (err) openai_request_deinit(out);
+    return err;
+}
+
+void openai_request_deinit(struct openai_request *r) {
+    if (!r) return;
+    free(r->model);
+    for (int32_t i = 0; i < r->n_prompts; i++) {
+        free(r->prompts[i].text);
+        free(r->prompts[i].ids);
+    }
+    free(r->prompts);
+    for (int32_t i = 0; i < r->n_messages; i++) {
+        free((char *)r->messages[i].role);
+        free((char *)r->messages[i].content);
+    }
+    free(r->messages);
+    free(r->logit_bias);
+    for (int32_t i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    free(r->stop_token_ids);
+    memset(r, 0, sizeof(*r));
+}
+
+/* ---- prepare: model check, chat rendering, tokenizing, lengths -------------- */
+
+static int tokenize(const struct tokenizer *tok, const char *text, bool add_special,
+                    struct openai_prompt *p, const char *param, struct openai_error *e) {
+    int err = tokenizer_encode(tok, text, strlen(text), add_special, true, &p->ids, &p->n_ids);
+    if (err == ERR_INVAL) return fail(e, param, "'%s' is not valid UTF-8", param);
+    if (err) {
+        e->err = err;
+        snprintf(e->message, sizeof(e->message), "could not tokenize the prompt: %s",
+                 err_str(err));
+        return err;
+    }
+    return 0;
+}
+
+int openai_prepare(struct openai_request *r, const struct openai_model *m,
+                   struct openai_error *e) {
+    memset(e, 0, sizeof(*e));
+    if (r->model && strcmp(r->model, m->name) != 0) {
+        snprintf(e->message, sizeof(e->message), "The model '%.128s' does not exist", r->model);
+        e->err = ERR_NOTFOUND;
+        e->param = "model";
+        e->code = "model_not_found";
+        return ERR_NOTFOUND;
+    }
+    const struct tokenizer *tok = engine_model_tokenizer(m->model);
+    const char *param = r->route == OPENAI_ROUTE_CHAT ? "messages" : "prompt";
+    if (r->route == OPENAI_ROUTE_CHAT) {
+        if (!m->has_chat) {
+            return fail(e, "messages", "This model's chat template is not supported; use "
+                                       "/v1/completions");
+        }
+        struct chat_render_params cp = chat_render_default_params();
+        int32_t bos = tokenizer_bos(tok);
+        int32_t eos = tokenizer_eos(tok);
+        cp.bos_text = bos >= 0 ? tokenizer_token_text(tok, bos) : NULL;
+        cp.eos_text = eos >= 0 ? tokenizer_token_text(tok, eos) : NULL;
+        struct buf text = {0};
+        bool has_bos = false;
+        char msg[200];
+        int err = chat_render(m->chat_family, r->messages, r->n_messages, &cp, &text, &has_bos,
+                              msg, sizeof(msg));
+        if (err) {
+            buf_free(&text);
+            return fail(e, "messages", "%s", msg);
+        }
+        r->prompts = xcalloc(1, sizeof(*r->prompts));
+        r->n_prompts = 1;
+        r->prompts[0].text = text.data ? buf_take(&text) : xstrdup("");
+        err = tokenize(tok, r->prompts[0].text, !has_bos, &r->prompts[0], param, e);
+        if (err) return err;
+    } else {
+        for (int32_t i = 0; i < r->n_prompts; i++) {
+            if (!r->prompts[i].text) continue;
+            int err = tokenize(tok, r->prompts[i].text, true, &r->prompts[i], param, e);
+            if (err) return err;
+        }
+    }
+    // Where the client gave no max_tokens: completions 16 (OpenAI's default),
+    // chat the rest of the context; either way no more than the shortest room.
+    bool given = r->max_tokens >= 0;
+    int32_t room = INT32_MAX;
+    for (int32_t i = 0; i < r->n_prompts; i++) {
+        if (r->prompts[i].n_ids == 0) return fail(e, param, "The prompt is empty");
+        if (m->n_ctx - r->prompts[i].n_ids < room) room = m->n_ctx - r->prompts[i].n_ids;
+    }
+    if (!given) {
+        r->max_tokens = r->route == OPENAI_ROUTE_COMPLETIONS ? 16 : room;
+        if (r->max_tokens > room) r->max_tokens = room;
+    }
+    for (int32_t i = 0; i < r->n_prompts; i++) {
+        int32_t n_prompt = r->prompts[i].n_ids;
+        int32_t max_tokens = r->max_tokens > 0 ? r->max_tokens : 1;
+        if ((int64_t)n_prompt + max_tokens > m->n_ctx) {
+            snprintf(e->message, sizeof(e->message),
+                     "This model's maximum context length is %d tokens. However, you requested "
+                     "%lld tokens (%d in the prompt, %d for the completion). Please reduce the "
+                     "prompt or max_tokens.",
+                     (int)m->n_ctx, (long long)n_prompt + max_tokens, (int)n_prompt,
+                     (int)max_tokens);
+            e->err = ERR_TOOLONG;
+            e->param = given ? "max_tokens" : param;
+            e->code = "context_length_exceeded";
+            return ERR_TOOLONG;
+        }
+    }
+    return 0;
+}
+
+/* ---- responses ---------------------------------------------------------------- */
+
+static json_t *piece_json(const struct tokenizer *tok, int32_t id, struct buf *scratch) {
+    buf_reset(scratch);
+    tokenizer_token_to_piece(tok, id, true, scratch);
+    // A piece may be a lone byte of a multi-byte character: not valid JSON text.
+    if (!tokenizer_utf8_valid(scratch->data ? scratch->data : "", scratch->len)) {
+        char hex[16];
+        snprintf(hex, sizeof(hex), "bytes:\\x%02x",
+                 scratch->len ? (unsigned)(unsigned char)scratch->data[0] : 0u);
+        return json_string(hex);
+    }
+    return json_stringn(scratch->data ? scratch->data : "", scratch->len);
+}
+
+static json_t *bytes_json(const struct tokenizer *tok, int32_t id, struct buf *scratch) {
+    buf_reset(scratch);
+    tokenizer_token_to_piece(tok, id, true, scratch);
+    json_t *a = json_array();
+    for (size_t i = 0; i < scratch->len; i++) {
+        json_array_append_new(a, json_integer((unsigned char)scratch->data[i]));
+    }
+    return a;
+}
+
+static json_t *logprob_json(float lp) {
+    return json_real(isfinite(lp) ? (double)lp : -9999.0);
+}
+
+/* Completions: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}. */
+static json_t *completion_logprobs(const struct openai_choice *c) {
+    json_t *tokens = json_array();
+    json_t *lps = json_array();
+    json_t *tops = json_array();
+    json_t *offsets = json_array();
+    struct buf scratch = {0};
+    size_t offset = c->text_offset;
+    for (int32_t i = 0; i < c->n_lps; i++) {
+        json_array_append_new(tokens, piece_json(c->tok, c->ids[i], &scratch));
+        json_array_append_new(offsets, json_integer((json_int_t)offset));
+        offset += scratch.len;
+        json_array_append_new(lps, logprob_json(c->lps[i].logprob));
+        json_t *top = json_object();
+        for (int32_t k = 0; k < c->lps[i].n_top && k < c->n_top; k++) {
+            json_t *p = piece_json(c->tok, c->lps[i].top[k].token, &scratch);
+            json_object_set_new(top, json_string_value(p), logprob_json(c->lps[i].top[k].logprob));
+            json_decref(p);
+        }
+        json_array_append_new(tops, top);
+    }
+    buf_free(&scratch);
+    json_t *o = json_object();
+    json_object_set_new(o, "tokens", tokens);
+    json_object_set_new(o, "token_logprobs", lps);
+    json_object_set_new(o, "top_logprobs", tops);
+    json_object_set_new(o, "text_offset", offsets);
+    return o;
+}
+
+/* Chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}. */
+static json_t *chat_logprobs(const struct openai_choice *c) {
+    json_t *content = json_array();
+    struct buf scratch = {0};
+    for (int32_t i = 0; i < c->n_lps; i++) {
+        json_t *item = json_object();
+        json_object_set_new(item, "token", piece_json(c->tok, c->ids[i], &scratch));
+        json_object_set_new(item, "logprob", logprob_json(c->lps[i].logprob));
+        json_object_set_new(item, "bytes", bytes_json(c->tok, c->ids[i], &scratch));
+        json_t *tops = json_array();
+        for (int32_t k = 0; k < c->lps[i].n_top && k < c->n_top; k++) {
+            json_t *t = json_object();
+            int32_t id = c->lps[i].top[k].token;
+            json_object_set_new(t, "token", piece_json(c->tok, id, &scratch));
+            json_object_set_new(t, "logprob", logprob_json(c->lps[i].top[k].logprob));
+            json_object_set_new(t, "bytes", bytes_json(c->tok, id, &scratch));
+            json_array_append_new(tops, t);
+        }
+        json_object_set_new(item, "top_logprobs", tops);
+        json_array_append_new(content, item);
+    }
+    buf_free(&scratch);
+    json_t *o = json_object();
+    json_object_set_new(o, "content", content);
+    return o;
+}
+
+static json_t *usage_json(const struct openai_usage *u) {
+    json_t *o = json_object();
+    json_object_set_new(o, "prompt_tokens", json_integer(u->prompt_tokens));
+    json_object_set_new(o, "completion_tokens", json_integer(u->completion_tokens));
+    json_object_set_new(o, "total_tokens",
+                        json_integer((json_int_t)u->prompt_tokens + u->completion_tokens));
+    json_t *details = json_object();
+    json_object_set_new(details, "cached_tokens", json_integer(u->cached_tokens));
+    json_object_set_new(o, "prompt_tokens_details", details);
+    return o;
+}
+
+static json_t *envelope(const struct openai_meta *meta, const char *object) {
+    json_t *o = json_object();
+    json_object_set_new(o, "id", json_string(meta->id));
+    json_object_set_new(o, "object", json_string(object));
+    json_object_set_new(o, "created", json_integer((json_int_t)meta->created));
+    json_object_set_new(o, "model", json_string(meta->model));
+    return o;
+}
+
+static json_t *finish_json(const char *reason) {
+    return reason ? json_string(reason) : json_null();
+}
+
+static char *dump(json_t *root) {
+    // JSON_COMPACT keeps SSE lines short; JSON_ENSURE_ASCII is not needed (UTF-8 is fine).
+    char *s = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    ASSERT(s);
+    return s;
+}
+
+char *openai_completion_json(const struct openai_meta *meta, const struct openai_choice *choices,
+                             int32_t n_choices, const struct openai_usage *usage, bool chunk) {
+    json_t *root = envelope(meta, "text_completion");
+    json_t *arr = json_array();
+    for (int32_t i = 0; i < n_choices; i++) {
+        const struct openai_choice *c = &choices[i];
+        json_t *o = json_object();
+        json_object_set_new(o, "index", json_integer(c->index));
+        json_object_set_new(o, "text", json_stringn(c->text ? c->text : "", c->text_len));
+        json_object_set_new(o, "logprobs", c->lps ? completion_logprobs(c) : json_null());
+        json_object_set_new(o, "finish_reason", finish_json(c->finish_reason));
+        json_array_append_new(arr, o);
+    }
+    json_object_set_new(root, "choices", arr);
+    if (usage) {
+        json_object_set_new(root, "usage", usage_json(usage));
+    } else if (!chunk) {
+        struct openai_usage zero = {0};
+        json_object_set_new(root, "usage", usage_json(&zero));
+    }
+    return dump(root);
+}
+
+char *openai_chat_json(const struct openai_meta *meta, const struct openai_choice *choices,
+                       int32_t n_choices, const struct openai_usage *usage, bool chunk) {
+    json_t *root = envelope(meta, chunk ? "chat.completion.chunk" : "chat.completion");
+    json_t *arr = json_array();
+    for (int32_t i = 0; i < n_choices; i++) {
+        const struct openai_choice *c = &choices[i];
+        json_t *o = json_object();
+        json_object_set_new(o, "index", json_integer(c->index));
+        json_t *msg = json_object();
+        if (!chunk || c->role) json_object_set_new(msg, "role", json_string("assistant"));
+        if (!chunk || c->text_len || c->role) {
+            json_object_set_new(msg, "content", json_stringn(c->text ? c->text : "", c->text_len));
+        }
+        json_object_set_new(o, chunk ? "delta" : "message", msg);
+        json_object_set_new(o, "logprobs", c->lps ? chat_logprobs(c) : json_null());
+        json_object_set_new(o, "finish_reason", finish_json(c->finish_reason));
+        json_array_append_new(arr, o);
+    }
+    json_object_set_new(root, "choices", arr);
+    if (usage) {
+        json_object_set_new(root, "usage", usage_json(usage));
+    } else if (!chunk) {
+        struct openai_usage zero = {0};
+        json_object_set_new(root, "usage", usage_json(&zero));
+    }
+    return dump(root);
+}
+
+char *openai_error_json(const char *message, const char *type, const char *param,
+                        const char *code) {
+    json_t *err = json_object();
+    json_object_set_new(err, "message", json_string(message));
+    json_object_set_new(err, "type", json_string(type));
+    json_object_set_new(err, "param", param ? json_string(param) : json_null());
+    json_object_set_new(err, "code", code ? json_string(code) : json_null());
+    json_t *root = json_object();
+    json_object_set_new(root, "error", err);
+    return dump(root);
+}
+
+void openai_make_id(const char *prefix, char *out, size_t out_size) {
+    uint8_t r[12] = {0};
+    if (getrandom(r, sizeof(r), 0) != (ssize_t)sizeof(r)) {
+        int64_t t = clock_wall_ns();
+        memcpy(r, &t, sizeof(t));
+    }
+    size_t n = (size_t)snprintf(out, out_size, "%s", prefix);
+    for (size_t i = 0; i < sizeof(r) && n + 2 < out_size; i++) {
+        n += (size_t)snprintf(out + n, out_size - n, "%02x", r[i]);
+    }
+}

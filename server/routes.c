@@ -1,0 +1,305 @@
+/*
+ * server/routes.c - the route table and its handlers.
+ */
+#define LOG_TAG "routes"
+#include "server/routes.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <jansson.h>
+
+#include "engine/base/alloc.h"
+#include "engine/base/err.h"
+#include "engine/base/log.h"
+#include "server/http.h"
+#include "server/metrics.h"
+#include "server/req.h"
+
+static const char JSON_TYPE[] = "application/json";
+
+void routes_error(struct route_reply *out, int status, const char *message, const char *param,
+                  const char *code) {
+    out->status = status;
+    out->body = openai_error_json(message, http_error_type(status), param, code);
+    out->content_type = JSON_TYPE;
+    if (status == 429) out->retry_after_s = 1;
+}
+
+static void reply_json(struct route_reply *out, int status, json_t *root) {
+    out->status = status;
+    out->body = json_dumps(root, JSON_COMPACT);
+    ASSERT(out->body);
+    out->content_type = JSON_TYPE;
+    json_decref(root);
+}
+
+/* ---- simple routes ---------------------------------------------------------- */
+
+static enum route_result handle_health(const struct routes_ctx *ctx, struct req *r,
+                                       struct route_reply *out) {
+    (void)r;
+    bool ok = ctx->model && ctx->sched && !http_is_draining(ctx->http);
+    json_t *o = json_object();
+    json_object_set_new(o, "status", json_string(ok ? "ok" : "unavailable"));
+    reply_json(out, ok ? 200 : 503, o);
+    return ROUTE_RESULT_REPLY;
+}
+
+static enum route_result handle_metrics(const struct routes_ctx *ctx, struct req *r,
+                                        struct route_reply *out) {
+    (void)r;
+    struct scheduler_stats st;
+    scheduler_get_stats(ctx->sched, &st);
+    struct metrics_server sv;
+    http_get_counters(ctx->http, &sv);
+    struct buf b = {0};
+    metrics_format(&b, &st, stats_bucket_ms, &sv);
+    out->status = 200;
+    out->body = buf_take(&b);
+    out->content_type = "text/plain; version=0.0.4; charset=utf-8";
+    return ROUTE_RESULT_REPLY;
+}
+
+static enum route_result handle_models(const struct routes_ctx *ctx, struct req *r,
+                                       struct route_reply *out) {
+    (void)r;
+    json_t *m = json_object();
+    json_object_set_new(m, "id", json_string(ctx->om.name));
+    json_object_set_new(m, "object", json_string("model"));
+    json_object_set_new(m, "created", json_integer(ctx->started_s));
+    json_object_set_new(m, "owned_by", json_string("llmserve"));
+    json_object_set_new(m, "max_model_len", json_integer(ctx->om.n_ctx));
+    json_t *data = json_array();
+    json_array_append_new(data, m);
+    json_t *o = json_object();
+    json_object_set_new(o, "object", json_string("list"));
+    json_object_set_new(o, "data", data);
+    reply_json(out, 200, o);
+    return ROUTE_RESULT_REPLY;
+}
+
+static json_t *parse_body(struct req *r, struct route_reply *out) {
+    json_error_t jerr;
+    json_t *root = json_loadb(r->body.data ? r->body.data : "", r->body.len, 0, &jerr);
+    if (!root || !json_is_object(root)) {
+        char msg[256];
+        snprintf(msg, sizeof(msg), "The request body must be a JSON object%s%s",
+                 root ? "" : ": ", root ? "" : jerr.text);
+        json_decref(root);
+        routes_error(out, 400, msg, NULL, NULL);
+        return NULL;
+    }
+    return root;
+}
+
+/* POST /tokenize {"prompt": "...", "add_special_tokens": true} -> {"tokens", "count"} */
+static enum route_result handle_tokenize(const struct routes_ctx *ctx, struct req *r,
+                                         struct route_reply *out) {
+    json_t *root = parse_body(r, out);
+    if (!root) return ROUTE_RESULT_REPLY;
+    json_t *p = json_object_get(root, "prompt");
+    if (!p) p = json_object_get(root, "content");  // llama.cpp's name
+    json_t *add = json_object_get(root, "add_special_tokens");
+    if (!json_is_string(p) || (add && !json_is_boolean(add))) {
+        json_decref(root);
+        routes_error(out, 400, "'prompt' must be a string and 'add_special_tokens' a boolean",
+                     "prompt", NULL);
+        return ROUTE_RESULT_REPLY;
+    }
+    const struct tokenizer *tok = engine_model_tokenizer(ctx->model);
+    int32_t *ids = NULL;
+    int32_t n = 0;
+    int err = tokenizer_encode(tok, json_string_value(p), json_string_length(p),
+                               !add || json_is_true(add), true, &ids, &n);
+    json_decref(root);
+    if (err) {
+        routes_error(out, http_status_for_err(err),
+                     err == ERR_INVAL ? "'prompt' is not valid UTF-8" : err_str(err), "prompt",
+                     NULL);
+        return ROUTE_RESULT_REPLY;
+    }
+    json_t *arr = json_array();
+    for (int32_t i = 0; i < n; i++) json_array_append_new(arr, json_integer(ids[i]));
+    free(ids);
+    json_t *o = json_object();
+    json_object_set_new(o, "tokens", arr);
+    json_object_set_new(o, "count", json_integer(n));
+    json_object_set_new(o, "max_model_len", json_integer(ctx->om.n_ctx));
+    reply_json(out, 200, o);
+    return ROUTE_RESULT_REPLY;
+}
+
+/* POST /detokenize {"tokens": [ids]} -> {"prompt": "..."} */
+static enum route_result handle_detokenize(const struct routes_ctx *ctx, struct req *r,
+                                           struct route_reply *out) {
+    json_t *root = parse_body(r, out);
+    if (!root) return ROUTE_RESULT_REPLY;
+    const struct tokenizer *tok = engine_model_tokenizer(ctx->model);
+    int32_t n_vocab = tokenizer_n_vocab(tok);
+    json_t *t = json_object_get(root, "tokens");
+    if (!json_is_array(t)) {
+        json_decref(root);
+        routes_error(out, 400, "'tokens' must be an array of token ids", "tokens", NULL);
+        return ROUTE_RESULT_REPLY;
+    }
+    size_t n = json_array_size(t);
+    int32_t *ids = xmalloc((n ? n : 1) * sizeof(int32_t));
+    size_t i;
+    json_t *v;
+    json_array_foreach(t, i, v) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+            json_integer_value(v) >= n_vocab) {
+            free(ids);
+            json_decref(root);
+            char msg[128];
+            snprintf(msg, sizeof(msg), "'tokens' must hold token ids in [0, %d)", (int)n_vocab);
+            routes_error(out, 400, msg, "tokens", NULL);
+            return ROUTE_RESULT_REPLY;
+        }
+        ids[i] = (int32_t)json_integer_value(v);
+    }
+    json_decref(root);
+    struct buf text = {0};
+    tokenizer_decode(tok, ids, (int32_t)n, false, &text);
+    free(ids);
+    json_t *o = json_object();
+    json_object_set_new(o, "prompt", json_stringn(text.data ? text.data : "", text.len));
+    buf_free(&text);
+    reply_json(out, 200, o);
+    return ROUTE_RESULT_REPLY;
+}
+
+/* ---- completions ------------------------------------------------------------ */
+
+static enum route_result handle_generate(const struct routes_ctx *ctx, struct req *r,
+                                         struct route_reply *out, enum openai_route route) {
+    const struct tokenizer *tok = engine_model_tokenizer(ctx->model);
+    struct openai_error e;
+    int err = openai_parse(route, r->body.data ? r->body.data : "", r->body.len,
+                           tokenizer_n_vocab(tok), &r->oa, &e);
+    if (!err) err = openai_prepare(&r->oa, &ctx->om, &e);
+    if (err) {
+        routes_error(out, http_status_for_err(e.err ? e.err : err), e.message, e.param, e.code);
+        return ROUTE_RESULT_REPLY;
+    }
+    r->sched = ctx->sched;
+    r->tok = tok;
+    r->model_name = ctx->om.name;
+    r->created = (int64_t)time(NULL);
+    openai_make_id(route == OPENAI_ROUTE_CHAT ? "chatcmpl-" : "cmpl-", r->id, sizeof(r->id));
+    err = req_submit(r, http_wake, r->slot);
+    if (err) {
+        int status = http_status_for_err(err);
+        const char *msg = err == ERR_FULL       ? "The server's queue is full; retry shortly"
+                          : err == ERR_TOOLONG  ? "The prompt and max_tokens do not fit the KV cache"
+                          : err == ERR_SHUTDOWN ? "The server is shutting down"
+                                                : err_str(err);
+        routes_error(out, status, msg, NULL,
+                     err == ERR_TOOLONG ? "context_length_exceeded" : NULL);
+        return ROUTE_RESULT_REPLY;
+    }
+    if (r->oa.stream) {
+        r->is_stream = true;
+        r->sse = route == OPENAI_ROUTE_CHAT ? SSE_ROLE : SSE_DELTAS;
+        return ROUTE_RESULT_STREAM;
+    }
+    return ROUTE_RESULT_WAIT;
+}
+
+static enum route_result handle_completions(const struct routes_ctx *ctx, struct req *r,
+                                            struct route_reply *out) {
+    return handle_generate(ctx, r, out, OPENAI_ROUTE_COMPLETIONS);
+}
+
+static enum route_result handle_chat(const struct routes_ctx *ctx, struct req *r,
+                                     struct route_reply *out) {
+    return handle_generate(ctx, r, out, OPENAI_ROUTE_CHAT);
+}
+
+void routes_final_reply(const struct routes_ctx *ctx, struct req *r, struct route_reply *out) {
+    (void)ctx;
+    if (atomic_load(&r->timed_out)) {
+        routes_error(out, 504, "The request took longer than the server's request timeout",
+                     NULL, "request_timeout");
+        return;
+    }
+    for (int32_t i = 0; i < r->n_choices; i++) {
+        if (r->choices[i].finish == CHANNEL_FINISH_ERROR) {
+            int err = r->choices[i].err;
+            routes_error(out, err == ERR_SHUTDOWN ? 503 : http_status_for_err(err),
+                         err ? err_str(err) : "generation failed", NULL, NULL);
+            return;
+        }
+    }
+    struct openai_choice *cs = xcalloc((size_t)r->n_choices, sizeof(*cs));
+    struct buf *texts = xcalloc((size_t)r->n_choices, sizeof(*texts));
+    struct openai_usage u = {.prompt_tokens = r->n_prompt_total,
+                             .completion_tokens = req_n_generated(r)};
+    for (int32_t i = 0; i < r->n_choices; i++) {
+        struct req_choice *ch = &r->choices[i];
+        u.cached_tokens += ch->usage.n_cached;
+        size_t offset = 0;
+        if (r->oa.echo) {
+            const struct openai_prompt *p = &r->oa.prompts[ch->i_prompt];
+            if (p->text) {
+                buf_append_str(&texts[i], p->text);
+            } else {
+                tokenizer_decode(r->tok, p->ids, p->n_ids, false, &texts[i]);
+            }
+            offset = texts[i].len;
+        }
+        buf_append(&texts[i], ch->text.data ? ch->text.data : "", ch->text.len);
+        cs[i] = (struct openai_choice){
+            .index = i,
+            .text = texts[i].data,
+            .text_len = texts[i].len,
+            .finish_reason = req_finish_reason(ch->finish),
+            .tok = r->tok,
+            .ids = ch->ids,
+            .lps = ch->lps,
+            .n_lps = ch->lps ? ch->n_pending : 0,
+            .n_top = r->oa.n_logprobs,
+            .text_offset = offset,
+        };
+        if (r->oa.n_logprobs >= 0 && !cs[i].lps) {
+            // Asked for, but nothing generated: an empty logprobs object.
+            static const struct sampler_result none;
+            cs[i].lps = &none;
+            cs[i].n_lps = 0;
+        }
+    }
+    struct openai_meta meta = {.id = r->id, .created = r->created, .model = r->model_name};
+    out->status = 200;
+    out->body = r->oa.route == OPENAI_ROUTE_CHAT
+                    ? openai_chat_json(&meta, cs, r->n_choices, &u, false)
+                    : openai_completion_json(&meta, cs, r->n_choices, &u, false);
+    out->content_type = JSON_TYPE;
+    for (int32_t i = 0; i < r->n_choices; i++) buf_free(&texts[i]);
+    free(texts);
+    free(cs);
+}
+
+/* ---- the table -------------------------------------------------------------- */
+
+static const struct route route_table[] = {
+    {"GET", "/health", handle_health, 0},
+    {"GET", "/metrics", handle_metrics, 0},
+    {"GET", "/v1/models", handle_models, ROUTE_FLAG_AUTH},
+    {"POST", "/v1/completions", handle_completions, ROUTE_FLAG_AUTH | ROUTE_FLAG_BODY},
+    {"POST", "/v1/chat/completions", handle_chat, ROUTE_FLAG_AUTH | ROUTE_FLAG_BODY},
+    {"POST", "/tokenize", handle_tokenize, ROUTE_FLAG_AUTH | ROUTE_FLAG_BODY},
+    {"POST", "/detokenize", handle_detokenize, ROUTE_FLAG_AUTH | ROUTE_FLAG_BODY},
+};
+
+const struct route *routes_find(const char *method, const char *path, bool *out_path_known) {
+    *out_path_known = false;
+    for (size_t i = 0; i < sizeof(route_table) / sizeof(route_table[0]); i++) {
+        if (strcmp(route_table[i].path, path) != 0) continue;
+        *out_path_known = true;
+        if (strcmp(route_table[i].method, method) == 0) return &route_table[i];
+    }
+    return NULL;
+}

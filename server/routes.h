@@ -1,0 +1,75 @@
+/*
+ * server/routes.h - the static route table (method, path, handler, flags)
+ * and the handlers: /health, /metrics, /v1/models, /tokenize, /detokenize,
+ * /v1/completions, /v1/chat/completions.
+ *
+ * Handlers parse, validate and submit; they never block. A handler either
+ * fills a reply at once, or submits sequences and asks http.c to wait for
+ * them (plain responses, answered by routes_final_reply()) or to stream them
+ * (sse.c). Threads: [HTTP thread].
+ */
+#ifndef SERVER_ROUTES_H
+#define SERVER_ROUTES_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "scheduler/scheduler.h"
+#include "server/openai.h"
+
+struct auth;
+struct http_server;
+struct req;
+
+/* What the handlers need; borrowed for the server's life. */
+struct routes_ctx {
+    struct scheduler *sched;
+    const struct engine_model *model;
+    struct openai_model om;     // served name, context, chat family
+    const struct auth *auth;
+    struct http_server *http;   // set by http_start()
+    int64_t started_s;          // Unix time the model was loaded
+};
+
+enum route_flag {
+    ROUTE_FLAG_AUTH = 1,        // needs an API key when keys are configured
+    ROUTE_FLAG_BODY = 2,        // reads a JSON body
+};
+
+/* A response that is complete now. body is owned (free()); content_type is
+ * static. */
+struct route_reply {
+    int status;
+    char *body;
+    const char *content_type;
+    int32_t retry_after_s;      // > 0: a Retry-After header
+};
+
+enum route_result {
+    ROUTE_RESULT_REPLY,         // out is filled
+    ROUTE_RESULT_WAIT,          // sequences submitted; answer when they finish
+    ROUTE_RESULT_STREAM,        // sequences submitted; stream them
+};
+
+typedef enum route_result (*route_handler_fn)(const struct routes_ctx *ctx, struct req *r,
+                                              struct route_reply *out);
+
+struct route {
+    const char *method;
+    const char *path;
+    route_handler_fn handler;
+    unsigned flags;
+};
+
+/* The route for method and path (query string already removed), or NULL;
+ * *out_path_known tells 404 (no such path) from 405 (wrong method). */
+const struct route *routes_find(const char *method, const char *path, bool *out_path_known);
+
+/* Fills out with an OpenAI error body for status. */
+void routes_error(struct route_reply *out, int status, const char *message, const char *param,
+                  const char *code);
+
+/* The full response of a request whose sequences have all finished. */
+void routes_final_reply(const struct routes_ctx *ctx, struct req *r, struct route_reply *out);
+
+#endif
