@@ -63,7 +63,8 @@ struct scheduler {
 
     // crossings
     struct mailbox mailbox;             // [any thread] -> step thread
-    struct stats stats;                 // step thread -> [any thread]
+    uv_mutex_t stats_lock;              // guards published
+    struct scheduler_stats published;   // step thread -> [any thread], under stats_lock
     atomic_uint_fast64_t next_id;
     atomic_int n_submitted;             // posted but not yet drained
     atomic_int n_waiting;               // waiting.n as of the last step
@@ -219,7 +220,9 @@ static void publish_stats(struct scheduler *s) {
     s->cur.n_blocks_free = block_alloc_n_free(s->alloc);
     s->cur.n_blocks_cached = block_alloc_n_cached(s->alloc);
     atomic_store(&s->n_waiting, s->waiting.n);
-    stats_publish(&s->stats, &s->cur);
+    uv_mutex_lock(&s->stats_lock);
+    s->published = s->cur;
+    uv_mutex_unlock(&s->stats_lock);
 }
 
 /* Samples the row of sq, appends, emits; finishes sq if it stopped. */
@@ -439,7 +442,9 @@ int scheduler_create(const struct engine_model *model, const struct scheduler_pa
     cp.n_threads = p->n_threads;
     cp.max_batch_tokens = p->max_batch_tokens;
     cp.max_seqs = p->max_seqs;
-    cp.max_outputs = p->max_seqs;  // one logits row per sequence at most
+    // One logits row per sequence at most, and a step has no more sequences
+    // than tokens.
+    cp.max_outputs = p->max_seqs < p->max_batch_tokens ? p->max_seqs : p->max_batch_tokens;
     cp.block_size = p->block_size;
     cp.n_blocks = n_blocks;
     int err = engine_ctx_create(model, &cp, &s->ctx);
@@ -475,7 +480,7 @@ int scheduler_create(const struct engine_model *model, const struct scheduler_pa
     s->has_handles = true;
     if (mailbox_init(&s->mailbox, &s->async) != 0) goto fail;
     s->has_mailbox = true;
-    if (stats_init(&s->stats) != 0) goto fail;
+    if (uv_mutex_init(&s->stats_lock) != 0) goto fail;
     s->has_stats = true;
     publish_stats(s);
     LOG_INFO("scheduler: kv_blocks=%d block_size=%d kv_mib=%.1f max_seqs=%d max_batch_tokens=%d "
@@ -529,7 +534,7 @@ void scheduler_free(struct scheduler *s) {
     }
     if (s->has_loop) uv_loop_close(&s->loop);
     if (s->has_mailbox) mailbox_deinit(&s->mailbox, free_msg);
-    if (s->has_stats) stats_deinit(&s->stats);
+    if (s->has_stats) uv_mutex_destroy(&s->stats_lock);
     step_plan_deinit(&s->plan);
     free(s->b_token);
     free(s->b_pos);
@@ -640,5 +645,7 @@ void scheduler_cancel(struct scheduler *s, uint64_t id) {
 }
 
 void scheduler_get_stats(struct scheduler *s, struct scheduler_stats *out) {
-    stats_snapshot(&s->stats, out);
+    uv_mutex_lock(&s->stats_lock);
+    *out = s->published;
+    uv_mutex_unlock(&s->stats_lock);
 }

@@ -3,17 +3,15 @@
  * /metrics and the batch tool.
  *
  * struct scheduler_stats is a plain value: the step thread updates its own
- * copy and publishes it once per step under the lock of struct stats;
- * readers get a consistent snapshot. Histogram buckets are cumulative-style
+ * copy and publishes it once per step under a lock in scheduler.c (the
+ * libuv user); readers get a consistent snapshot. Histogram buckets are
  * upper bounds in milliseconds (Prometheus), the same for every histogram.
- * Threads: stats_publish() [step thread]; stats_snapshot() [any thread].
+ * Threads: pure value functions. [any thread]
  */
 #ifndef SCHEDULER_STATS_H
 #define SCHEDULER_STATS_H
 
 #include <stdint.h>
-
-#include <uv.h>
 
 #define STATS_N_BUCKETS 14
 
@@ -47,15 +45,5 @@ struct scheduler_stats {
 };
 
 void stats_observe(struct stats_histogram *h, double ms);
-
-struct stats {
-    uv_mutex_t lock;
-    struct scheduler_stats published;  // under lock
-};
-
-int  stats_init(struct stats *st);  // 0 or ERR_NOMEM
-void stats_deinit(struct stats *st);
-void stats_publish(struct stats *st, const struct scheduler_stats *cur);
-void stats_snapshot(struct stats *st, struct scheduler_stats *out);
 
 #endif // SCHEDULER_STATS_H

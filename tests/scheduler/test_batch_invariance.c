@@ -1,0 +1,221 @@
+/*
+ * tests/scheduler/test_batch_invariance.c - the real engine through the
+ * scheduler: greedy outputs of a request are the same alone as among 1..64
+ * others arriving at random steps, with and without the prefix cache, with
+ * chunked prefill (small token budget) and without, and across preemption
+ * (tiny pools). Uses the synthetic models of tests/models/meson.build
+ * (llama-f32, and llama-swa for a sliding window); skips when they are not
+ * built.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "engine/base/log.h"
+#include "scheduler/scheduler.h"
+#include "tests/helpers/testutil.h"
+
+enum { MAX_REQ = 65, MAX_GEN = 12, MAX_PROMPT = 80 };
+
+struct req_spec {
+    int32_t prompt[MAX_PROMPT];
+    int32_t n_prompt;
+    int32_t max_tokens;
+    int32_t arrival_step;
+};
+
+struct result {
+    int32_t tokens[MAX_GEN];
+    int32_t n_tokens;
+    enum channel_finish finish;
+};
+
+static uint64_t rng_next(uint64_t *s) {
+    uint64_t x = *s += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static struct engine_model *load(const char *name) {
+    const char *path = testutil_path(testutil_path(testutil_build_dir(), "tests/models"), name);
+    if (!testutil_exists(path)) return NULL;
+    struct engine_model_params p = engine_model_default_params();
+    p.path = path;
+    struct engine_model *m = NULL;
+    assert_int_equal(engine_model_load(&p, &m), 0);
+    return m;
+}
+
+static struct scheduler_params params(int32_t n_blocks, int32_t budget, bool prefix) {
+    struct scheduler_params p = scheduler_default_params();
+    p.kv_blocks = n_blocks;
+    p.block_size = 16;
+    p.max_batch_tokens = budget;
+    p.max_seqs = 64;
+    p.enable_prefix_cache = prefix;
+    p.n_threads = 2;
+    return p;
+}
+
+static bool collect(struct channel *c, struct result *res) {
+    struct channel_output out;
+    channel_read(c, &out);
+    for (int32_t i = 0; i < out.n_tokens; i++) {
+        assert_true(res->n_tokens < MAX_GEN);
+        res->tokens[res->n_tokens++] = out.token_ids[i];
+    }
+    res->finish = out.finish;
+    channel_output_free(&out);
+    return res->finish != CHANNEL_FINISH_NONE;
+}
+
+static void run(const struct engine_model *m, const struct scheduler_params *p,
+                const struct req_spec *reqs, int n, struct result *res, int64_t *n_preempt) {
+    struct scheduler *s;
+    assert_int_equal(scheduler_create(m, p, &s), 0);
+    struct channel *ch[MAX_REQ] = {0};
+    bool done[MAX_REQ] = {0};
+    memset(res, 0, (size_t)n * sizeof(*res));
+    int n_done = 0;
+    for (int32_t step = 0; n_done < n; step++) {
+        assert_true(step < 100000);
+        for (int i = 0; i < n; i++) {
+            if (reqs[i].arrival_step != step) continue;
+            struct scheduler_request q = scheduler_default_request();
+            q.prompt = reqs[i].prompt;
+            q.n_prompt = reqs[i].n_prompt;
+            q.max_tokens = reqs[i].max_tokens;
+            q.sampling.temperature = 0.0f;
+            q.ignore_eos = true;
+            uint64_t id;
+            assert_int_equal(scheduler_submit(s, &q, &id, &ch[i]), 0);
+        }
+        assert_true(scheduler_step(s) >= 0);
+        assert_true(scheduler_check(s));
+        for (int i = 0; i < n; i++) {
+            if (!ch[i] || done[i] || !collect(ch[i], &res[i])) continue;
+            done[i] = true;
+            n_done++;
+            channel_release(ch[i]);
+        }
+    }
+    if (n_preempt) {
+        struct scheduler_stats st;
+        scheduler_get_stats(s, &st);
+        *n_preempt += st.n_preemptions;
+    }
+    scheduler_free(s);
+}
+
+static void make_reqs(uint64_t seed, int32_t n_vocab, struct req_spec *reqs, int n) {
+    uint64_t rng = seed;
+    int32_t prefix[40];
+    for (int j = 0; j < 40; j++) prefix[j] = (int32_t)(rng_next(&rng) % (uint64_t)n_vocab);
+    for (int i = 0; i < n; i++) {
+        struct req_spec *r = &reqs[i];
+        r->n_prompt = 1 + (int32_t)(rng_next(&rng) % (MAX_PROMPT - 1));
+        bool shared = rng_next(&rng) % 2;
+        for (int32_t j = 0; j < r->n_prompt; j++)
+            r->prompt[j] = (shared && j < 40) ? prefix[j]
+                                              : (int32_t)(rng_next(&rng) % (uint64_t)n_vocab);
+        r->max_tokens = 1 + (int32_t)(rng_next(&rng) % MAX_GEN);
+        r->arrival_step = (int32_t)(rng_next(&rng) % 12);
+    }
+    reqs[0].arrival_step = 0;
+}
+
+static void check(const char *model_name, uint64_t seed, int n_others, int32_t n_blocks,
+                  int32_t budget, bool prefix, int64_t *n_preempt) {
+    struct engine_model *m = load(model_name);
+    assert_non_null(m);
+    int32_t n_vocab = engine_model_get_info(m)->n_vocab;
+    struct req_spec reqs[MAX_REQ];
+    struct result alone[MAX_REQ], got[MAX_REQ];
+    int n = n_others + 1;
+    make_reqs(seed, n_vocab, reqs, n);
+    struct scheduler_params big = params(1024, 512, false);
+    for (int i = 0; i < n; i++) {
+        struct req_spec one = reqs[i];
+        one.arrival_step = 0;
+        run(m, &big, &one, 1, &alone[i], NULL);
+    }
+    struct scheduler_params p = params(n_blocks, budget, prefix);
+    run(m, &p, reqs, n, got, n_preempt);
+    for (int i = 0; i < n; i++) {
+        bool same = alone[i].n_tokens == got[i].n_tokens &&
+                    !memcmp(alone[i].tokens, got[i].tokens, (size_t)got[i].n_tokens * sizeof(int32_t));
+        if (!same) {
+            fprintf(stderr, "%s: request %d of %d differs from alone (seed=%llu blocks=%d "
+                    "budget=%d prefix=%d)\n", model_name, i, n, (unsigned long long)seed,
+                    (int)n_blocks, (int)budget, (int)prefix);
+            fail();
+        }
+    }
+    engine_model_free(m);
+}
+
+static bool have_models(void) {
+    const char *dir = testutil_path(testutil_build_dir(), "tests/models");
+    if (testutil_exists(testutil_path(dir, "llama-f32.gguf"))) return true;
+    printf("skipping: %s/llama-f32.gguf not built (tests/models/meson.build)\n", dir);
+    return false;
+}
+
+static void test_batch_invariance_greedy_alone_equals_batched(void **state) {
+    (void)state;
+    if (!have_models()) {
+        skip();
+        return;
+    }
+    int counts[] = {1, 4, 16, 64};
+    for (int k = 0; k < 4; k++) {
+        uint64_t seed = 100 + (uint64_t)k;
+        check("llama-f32.gguf", seed, counts[k], 1024, 512, true, NULL);
+        check("llama-f32.gguf", seed, counts[k], 1024, 512, false, NULL);
+        check("llama-f32.gguf", seed, counts[k], 1024, 13, true, NULL);  // chunked prefill
+    }
+}
+
+static void test_batch_invariance_across_preemption(void **state) {
+    (void)state;
+    if (!have_models()) {
+        skip();
+        return;
+    }
+    int64_t n_preempt = 0;
+    for (uint64_t seed = 200; seed < 203; seed++) {
+        // 8 usable blocks = 128 tokens; a request needs at most 92.
+        check("llama-f32.gguf", seed, 16, 9, 64, true, &n_preempt);
+        check("llama-f32.gguf", seed, 16, 9, 64, false, &n_preempt);
+    }
+    assert_true(n_preempt > 0);
+}
+
+static void test_batch_invariance_sliding_window(void **state) {
+    (void)state;
+    const char *dir = testutil_path(testutil_build_dir(), "tests/models");
+    if (!testutil_exists(testutil_path(dir, "llama-swa.gguf"))) {
+        printf("skipping: %s/llama-swa.gguf not built\n", dir);
+        skip();
+        return;
+    }
+    check("llama-swa.gguf", 300, 16, 1024, 512, true, NULL);
+    check("llama-swa.gguf", 301, 16, 1024, 7, false, NULL);
+    check("llama-swa.gguf", 302, 16, 12, 32, true, NULL);
+}
+
+int main(void) {
+    log_set_level(LOG_LEVEL_WARN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_batch_invariance_greedy_alone_equals_batched),
+        cmocka_unit_test(test_batch_invariance_across_preemption),
+        cmocka_unit_test(test_batch_invariance_sliding_window),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
