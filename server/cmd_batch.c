@@ -1,0 +1,377 @@
+/*
+ * cmd_batch.c - `llmserve batch -m FILE --prompts FILE.jsonl`: many
+ * completion requests through the scheduler at once (in-flight batching),
+ * for throughput measurements and batch-invariance checks.
+ *
+ * Contracts (scripts/bench-batch relies on them):
+ *   stdout: one JSON object per input line, in input order:
+ *           {"index", "text", "token_ids", "finish_reason"} ("stop" / "length"),
+ *           or {"index", "error"} for a line that could not be run.
+ *   stderr: one summary line "batch: requests=N generated=N wall_s=S tok_s=T
+ *           prompt_tokens=N prefix_hit_tokens=N preemptions=N".
+ * Requests are submitted --arrival-ms apart (0: all at once). The step loop
+ * runs on the main thread (scheduler_step): the tool needs no second thread,
+ * and arrivals land between steps exactly when due.
+ */
+#define LOG_TAG "batch"
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <jansson.h>
+
+#include "engine/base/alloc.h"
+#include "engine/base/clock.h"
+#include "engine/base/err.h"
+#include "engine/base/file.h"
+#include "engine/base/log.h"
+#include "engine/engine.h"
+#include "scheduler/scheduler.h"
+#include "server/cmd.h"
+
+#define BATCH_MAX_FILE_BYTES ((size_t)1 << 30)
+#define BATCH_MAX_STOPS STOP_MAX_STRINGS  // the scheduler validates the list
+
+struct batch_line {
+    int32_t *prompt;                        // owned
+    int32_t n_prompt;
+    struct scheduler_request req;
+    char *stops[BATCH_MAX_STOPS];          // owned
+    char error[256];                        // non-empty: the line failed
+    struct channel *channel;                // consumer reference, NULL if not submitted
+};
+
+static void batch_usage(FILE *fp) {
+    fprintf(fp,
+            "usage: llmserve batch -m FILE --prompts FILE.jsonl [options]\n"
+            "\n"
+            "  -m, --model FILE           GGUF model\n"
+            "      --prompts FILE         JSON lines: prompt (string or token ids), max_tokens (16),\n"
+            "                             temperature (1.0; 0 = greedy), top_p, top_k, min_p, seed,\n"
+            "                             stop, presence_penalty, frequency_penalty,\n"
+            "                             repetition_penalty, ignore_eos\n"
+            "      --arrival-ms N         submit requests N ms apart (default 0)\n"
+            "      --kv-memory MIB        KV cache budget in MiB (default 256)\n"
+            "      --kv-blocks N          KV cache size in blocks (overrides --kv-memory)\n"
+            "      --block-size N         tokens per KV block (default 16)\n"
+            "      --max-seqs N           running sequences at most (default 64)\n"
+            "      --max-batch-tokens N   tokens per step (default 512)\n"
+            "      --no-prefix-cache      disable automatic prefix caching\n"
+            "  -t, --threads N            kernel threads (default: all cores)\n");
+}
+
+static bool parse_i32(const char *s, int32_t lo, int32_t hi, int32_t *out) {
+    char *end;
+    long long v = strtoll(s, &end, 10);
+    if (!*s || *end || v < lo || v > hi) return false;
+    *out = (int32_t)v;
+    return true;
+}
+
+static bool get_number(json_t *o, const char *key, double *out) {
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) return false;
+    if (!json_is_number(v)) return false;
+    *out = json_number_value(v);
+    return true;
+}
+
+/* Fills l from one JSON line; on failure writes l->error. */
+static void parse_line(const struct tokenizer *tok, int32_t n_vocab, const char *text, size_t len,
+                       struct batch_line *l) {
+    json_error_t je;
+    json_t *o = json_loadb(text, len, 0, &je);
+    l->req = scheduler_default_request();
+    l->req.sampling.temperature = 1.0f;
+    if (!o || !json_is_object(o)) {
+        snprintf(l->error, sizeof(l->error), "invalid JSON: %s", o ? "not an object" : je.text);
+        json_decref(o);
+        return;
+    }
+    json_t *p = json_object_get(o, "prompt");
+    if (json_is_string(p)) {
+        int err = tokenizer_encode(tok, json_string_value(p), json_string_length(p), true, false,
+                                   &l->prompt, &l->n_prompt);
+        if (err) snprintf(l->error, sizeof(l->error), "prompt: %s", err_str(err));
+    } else if (json_is_array(p) && json_array_size(p) > 0 && json_array_size(p) < (1u << 24)) {
+        l->n_prompt = (int32_t)json_array_size(p);
+        l->prompt = xmalloc((size_t)l->n_prompt * sizeof(int32_t));
+        for (int32_t i = 0; i < l->n_prompt; i++) {
+            json_t *v = json_array_get(p, (size_t)i);
+            if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+                json_integer_value(v) >= n_vocab) {
+                snprintf(l->error, sizeof(l->error), "prompt[%d]: not a token id", (int)i);
+                break;
+            }
+            l->prompt[i] = (int32_t)json_integer_value(v);
+        }
+    } else {
+        snprintf(l->error, sizeof(l->error), "prompt: a string or a non-empty array of token ids");
+    }
+    if (!l->error[0] && l->n_prompt < 1)
+        snprintf(l->error, sizeof(l->error), "prompt: no tokens");
+    double d;
+    struct sampler_params *sp = &l->req.sampling;
+    if (get_number(o, "max_tokens", &d)) {
+        if (d < 1 || d > 1e7) snprintf(l->error, sizeof(l->error), "max_tokens: out of range");
+        else l->req.max_tokens = (int32_t)d;
+    }
+    if (get_number(o, "temperature", &d)) sp->temperature = (float)d;
+    if (get_number(o, "top_p", &d)) sp->top_p = (float)d;
+    if (get_number(o, "top_k", &d)) sp->top_k = d > 1e9 ? 0 : (int32_t)d;
+    if (get_number(o, "min_p", &d)) sp->min_p = (float)d;
+    if (get_number(o, "presence_penalty", &d)) sp->presence_penalty = (float)d;
+    if (get_number(o, "frequency_penalty", &d)) sp->frequency_penalty = (float)d;
+    if (get_number(o, "repetition_penalty", &d)) sp->repetition_penalty = (float)d;
+    json_t *seed = json_object_get(o, "seed");
+    if (json_is_integer(seed)) {
+        sp->seed = (uint64_t)json_integer_value(seed);
+        sp->has_seed = true;
+    }
+    l->req.ignore_eos = json_is_true(json_object_get(o, "ignore_eos"));
+    json_t *stop = json_object_get(o, "stop");
+    int32_t n_stop = 0;
+    if (json_is_string(stop)) {
+        l->stops[n_stop++] = xstrdup(json_string_value(stop));
+    } else if (json_is_array(stop)) {
+        if (json_array_size(stop) > BATCH_MAX_STOPS) {
+            snprintf(l->error, sizeof(l->error), "stop: at most %d strings", BATCH_MAX_STOPS);
+        } else {
+            for (size_t i = 0; i < json_array_size(stop); i++) {
+                json_t *v = json_array_get(stop, i);
+                if (!json_is_string(v)) {
+                    snprintf(l->error, sizeof(l->error), "stop[%zu]: not a string", i);
+                    break;
+                }
+                l->stops[n_stop++] = xstrdup(json_string_value(v));
+            }
+        }
+    } else if (stop && !json_is_null(stop)) {
+        snprintf(l->error, sizeof(l->error), "stop: a string or an array of strings");
+    }
+    l->req.stop = (const char *const *)l->stops;
+    l->req.n_stop = n_stop;
+    l->req.prompt = l->prompt;
+    l->req.n_prompt = l->n_prompt;
+    json_decref(o);
+}
+
+static void print_result(int64_t index, struct batch_line *l, struct channel_output *out) {
+    json_t *o = json_object();
+    json_object_set_new(o, "index", json_integer(index));
+    if (l->error[0]) {
+        json_object_set_new(o, "error", json_string(l->error));
+    } else {
+        json_object_set_new(o, "text", json_stringn(out->text ? out->text : "", out->text_len));
+        json_t *ids = json_array();
+        for (int32_t i = 0; i < out->n_tokens; i++)
+            json_array_append_new(ids, json_integer(out->token_ids[i]));
+        json_object_set_new(o, "token_ids", ids);
+        const char *fr = out->finish == CHANNEL_FINISH_STOP     ? "stop"
+                         : out->finish == CHANNEL_FINISH_LENGTH ? "length"
+                         : out->finish == CHANNEL_FINISH_CANCELED ? "canceled"
+                                                                  : "error";
+        json_object_set_new(o, "finish_reason", json_string(fr));
+        if (out->finish == CHANNEL_FINISH_ERROR)
+            json_object_set_new(o, "error", json_string(err_str(out->err)));
+    }
+    char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
+    if (s) printf("%s\n", s);
+    free(s);
+    json_decref(o);
+}
+
+/* Appends everything c holds to acc (text, ids); true once finished. */
+static bool drain_channel(struct channel *c, struct channel_output *acc) {
+    struct channel_output out;
+    channel_read(c, &out);
+    if (out.text_len) {
+        acc->text = xrealloc(acc->text, acc->text_len + out.text_len + 1);
+        memcpy(acc->text + acc->text_len, out.text, out.text_len);
+        acc->text_len += out.text_len;
+        acc->text[acc->text_len] = '\0';
+    }
+    if (out.n_tokens) {
+        acc->token_ids = xrealloc(acc->token_ids,
+                                  (size_t)(acc->n_tokens + out.n_tokens) * sizeof(int32_t));
+        memcpy(acc->token_ids + acc->n_tokens, out.token_ids, (size_t)out.n_tokens * sizeof(int32_t));
+        acc->n_tokens += out.n_tokens;
+    }
+    acc->finish = out.finish;
+    acc->err = out.err;
+    bool done = out.finish != CHANNEL_FINISH_NONE;
+    channel_output_free(&out);
+    return done;
+}
+
+int cmd_batch(int argc, char **argv) {
+    const char *model_path = NULL;
+    const char *prompts_path = NULL;
+    int32_t arrival_ms = 0;
+    struct scheduler_params sp = scheduler_default_params();
+    static const struct option long_opts[] = {
+        {"model", required_argument, NULL, 'm'},
+        {"prompts", required_argument, NULL, 'P'},
+        {"arrival-ms", required_argument, NULL, 'a'},
+        {"kv-memory", required_argument, NULL, 'k'},
+        {"kv-blocks", required_argument, NULL, 'K'},
+        {"block-size", required_argument, NULL, 'B'},
+        {"max-seqs", required_argument, NULL, 'S'},
+        {"max-batch-tokens", required_argument, NULL, 'T'},
+        {"no-prefix-cache", no_argument, NULL, 'N'},
+        {"threads", required_argument, NULL, 't'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:t:h", long_opts, NULL)) != -1) {
+        bool ok = true;
+        switch (c) {
+        case 'm': model_path = optarg; break;
+        case 'P': prompts_path = optarg; break;
+        case 'a': ok = parse_i32(optarg, 0, 3600000, &arrival_ms); break;
+        case 'k': ok = parse_i32(optarg, 1, 1 << 20, &sp.kv_memory_mib); break;
+        case 'K': ok = parse_i32(optarg, 2, 1 << 24, &sp.kv_blocks); break;
+        case 'B': ok = parse_i32(optarg, 1, 1024, &sp.block_size); break;
+        case 'S': ok = parse_i32(optarg, 1, 4096, &sp.max_seqs); break;
+        case 'T': ok = parse_i32(optarg, 1, 1 << 20, &sp.max_batch_tokens); break;
+        case 'N': sp.enable_prefix_cache = false; break;
+        case 't': ok = parse_i32(optarg, 0, 4096, &sp.n_threads); break;
+        case 'h': batch_usage(stdout); return 0;
+        default: batch_usage(stderr); return 2;
+        }
+        if (!ok) {
+            fprintf(stderr, "batch: bad value for --%s: %s\n", long_opts[0].name, optarg);
+            for (const struct option *o = long_opts; o->name; o++)
+                if (o->val == c) fprintf(stderr, "batch: (option --%s)\n", o->name);
+            return 2;
+        }
+    }
+    if (!model_path || !prompts_path || optind != argc) {
+        batch_usage(stderr);
+        return 2;
+    }
+
+    char *text = NULL;
+    size_t text_len = 0;
+    int err = file_read_all(prompts_path, BATCH_MAX_FILE_BYTES, &text, &text_len);
+    if (err) {
+        fprintf(stderr, "batch: cannot read %s: %s\n", prompts_path, err_str(err));
+        return 1;
+    }
+    struct engine_model_params mp = engine_model_default_params();
+    mp.path = model_path;
+    struct engine_model *model = NULL;
+    err = engine_model_load(&mp, &model);
+    if (err) {
+        fprintf(stderr, "batch: cannot load %s: %s\n", model_path, err_str(err));
+        free(text);
+        return 1;
+    }
+    const struct tokenizer *tok = engine_model_tokenizer(model);
+    int32_t n_vocab = engine_model_get_info(model)->n_vocab;
+
+    // One entry per non-empty line.
+    int64_t n_lines = 0;
+    int64_t cap = 0;
+    struct batch_line *lines = NULL;
+    for (char *p = text; p < text + text_len;) {
+        char *nl = memchr(p, '\n', (size_t)(text + text_len - p));
+        char *end = nl ? nl : text + text_len;
+        char *q = p;
+        while (q < end && (*q == ' ' || *q == '\t' || *q == '\r')) q++;
+        if (q < end) {
+            if (n_lines == cap) {
+                cap = cap ? 2 * cap : 64;
+                lines = xrealloc(lines, (size_t)cap * sizeof(*lines));
+            }
+            struct batch_line *l = &lines[n_lines++];
+            memset(l, 0, sizeof(*l));
+            parse_line(tok, n_vocab, p, (size_t)(end - p), l);
+        }
+        p = end + 1;
+    }
+    free(text);
+    if (sp.max_queue < n_lines + 1) sp.max_queue = n_lines + 1 > INT32_MAX ? INT32_MAX : (int32_t)n_lines + 1;
+
+    struct scheduler *s = NULL;
+    err = scheduler_create(model, &sp, &s);
+    if (err) {
+        fprintf(stderr, "batch: cannot start the scheduler: %s\n", err_str(err));
+        scheduler_free(s);
+        engine_model_free(model);
+        return 1;
+    }
+    // The step loop runs on this thread (scheduler_step), so arrivals are
+    // exact and nothing waits on a lock: submit what is due, step, collect.
+    struct channel_output *acc = xcalloc((size_t)n_lines + 1, sizeof(*acc));
+    bool *done = xcalloc((size_t)n_lines + 1, sizeof(*done));
+    int64_t t0 = clock_mono_ns();
+    int64_t i_next = 0;  // next line to submit
+    int64_t n_left = n_lines;
+    while (n_left > 0) {
+        int64_t now = clock_mono_ns();
+        for (; i_next < n_lines; i_next++) {
+            struct batch_line *l = &lines[i_next];
+            int64_t due = t0 + i_next * (int64_t)arrival_ms * 1000000;
+            if (due > now) break;
+            if (!l->error[0]) {
+                uint64_t id;
+                err = scheduler_submit(s, &l->req, &id, &l->channel);
+                if (err) snprintf(l->error, sizeof(l->error), "%s", err_str(err));
+            }
+            if (l->error[0]) {
+                done[i_next] = true;
+                n_left--;
+            }
+        }
+        if (!scheduler_has_work(s)) {
+            if (i_next >= n_lines) break;
+            int64_t due = t0 + i_next * (int64_t)arrival_ms * 1000000;
+            int64_t wait_ns = due - clock_mono_ns();
+            if (wait_ns > 0) {
+                struct timespec ts = {(time_t)(wait_ns / 1000000000), (long)(wait_ns % 1000000000)};
+                nanosleep(&ts, NULL);
+            }
+            continue;
+        }
+        int32_t n = scheduler_step(s);
+        if (n < 0) LOG_WARN("step failed: %s", err_str(n));
+        for (int64_t i = 0; i < i_next; i++) {
+            if (done[i] || !lines[i].channel) continue;
+            if (drain_channel(lines[i].channel, &acc[i])) {
+                done[i] = true;
+                n_left--;
+            }
+        }
+    }
+    double wall_s = (double)(clock_mono_ns() - t0) / 1e9;
+    struct scheduler_stats st;
+    scheduler_stop(s, 0);
+    scheduler_get_stats(s, &st);
+
+    for (int64_t i = 0; i < n_lines; i++) {
+        print_result(i, &lines[i], &acc[i]);
+        channel_output_free(&acc[i]);
+        channel_release(lines[i].channel);
+        free(lines[i].prompt);
+        for (int32_t k = 0; k < BATCH_MAX_STOPS; k++) free(lines[i].stops[k]);
+    }
+    fflush(stdout);
+    fprintf(stderr,
+            "batch: requests=%lld generated=%lld wall_s=%.3f tok_s=%.1f prompt_tokens=%lld "
+            "prefix_hit_tokens=%lld preemptions=%lld steps=%lld\n",
+            (long long)n_lines, (long long)st.n_generated_tokens, wall_s,
+            wall_s > 0 ? (double)st.n_generated_tokens / wall_s : 0.0,
+            (long long)st.n_prompt_tokens, (long long)st.n_prefix_hit_tokens,
+            (long long)st.n_preemptions, (long long)st.n_steps);
+    free(acc);
+    free(done);
+    free(lines);
+    scheduler_free(s);
+    engine_model_free(model);
+    return 0;
+}
