@@ -5,7 +5,8 @@
  *
  * Contracts (scripts/bench-batch relies on them):
  *   stdout: one JSON object per input line, in input order:
- *           {"index", "text", "token_ids", "finish_reason"} ("stop" / "length"),
+ *           {"index", "text", "token_ids", "finish_reason", "ttft_ms"}
+ *           (finish_reason "stop" / "length"; ttft_ms from submit to first token),
  *           or {"index", "error"} for a line that could not be run.
  *   stderr: one summary line "batch: requests=N generated=N wall_s=S tok_s=T
  *           prompt_tokens=N prefix_hit_tokens=N preemptions=N".
@@ -41,6 +42,8 @@ struct batch_line {
     char *stops[BATCH_MAX_STOPS];          // owned
     char error[256];                        // non-empty: the line failed
     struct channel *channel;                // consumer reference, NULL if not submitted
+    int64_t t_submit_ns;
+    double ttft_ms;                         // -1 until the first token
 };
 
 static void batch_usage(FILE *fp) {
@@ -174,6 +177,7 @@ static void print_result(int64_t index, struct batch_line *l, struct channel_out
                          : out->finish == CHANNEL_FINISH_CANCELED ? "canceled"
                                                                   : "error";
         json_object_set_new(o, "finish_reason", json_string(fr));
+        json_object_set_new(o, "ttft_ms", json_real(l->ttft_ms));
         if (out->finish == CHANNEL_FINISH_ERROR)
             json_object_set_new(o, "error", json_string(err_str(out->err)));
     }
@@ -320,6 +324,8 @@ int cmd_batch(int argc, char **argv) {
             if (due > now) break;
             if (!l->error[0]) {
                 uint64_t id;
+                l->t_submit_ns = clock_mono_ns();
+                l->ttft_ms = -1.0;
                 err = scheduler_submit(s, &l->req, &id, &l->channel);
                 if (err) snprintf(l->error, sizeof(l->error), "%s", err_str(err));
             }
@@ -342,7 +348,10 @@ int cmd_batch(int argc, char **argv) {
         if (n < 0) LOG_WARN("step failed: %s", err_str(n));
         for (int64_t i = 0; i < i_next; i++) {
             if (done[i] || !lines[i].channel) continue;
-            if (drain_channel(lines[i].channel, &acc[i])) {
+            bool is_done = drain_channel(lines[i].channel, &acc[i]);
+            if (lines[i].ttft_ms < 0 && acc[i].n_tokens > 0)
+                lines[i].ttft_ms = (double)(clock_mono_ns() - lines[i].t_submit_ns) / 1e6;
+            if (is_done) {
                 done[i] = true;
                 n_left--;
             }
