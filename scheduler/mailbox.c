@@ -1,24 +1,38 @@
 /*
- * scheduler/mailbox.c - locked queue + uv_async_send.
+ * scheduler/mailbox.c - locked queue + wake callback.
  *
- * The wake-up is sent after the lock is released: uv_async_send is safe from
- * any thread and coalesces, and the loop drains everything queued by then.
+ * The wake-up is sent after the lock is released: the scheduler's callback
+ * is uv_async_send, safe from any thread and coalescing, and the loop drains
+ * everything queued by then.
  */
 #include "scheduler/mailbox.h"
 
 #include <stdlib.h>
 
-#include "engine/base/err.h"
+#include <uv.h>
 
-int mailbox_init(struct mailbox *mb, uv_async_t *wake) {
-    mb->head = NULL;
-    mb->tail = NULL;
-    mb->n = 0;
+struct mailbox {
+    uv_mutex_t lock;
+    struct mailbox_msg *head;  // oldest; under lock
+    struct mailbox_msg *tail;
+    mailbox_wake_fn wake;      // may be NULL
+    void *wake_user;
+};
+
+struct mailbox *mailbox_create(mailbox_wake_fn wake, void *user) {
+    struct mailbox *mb = calloc(1, sizeof(*mb));
+    if (!mb) return NULL;
+    if (uv_mutex_init(&mb->lock) != 0) {
+        free(mb);
+        return NULL;
+    }
     mb->wake = wake;
-    return uv_mutex_init(&mb->lock) == 0 ? 0 : ERR_NOMEM;
+    mb->wake_user = user;
+    return mb;
 }
 
-void mailbox_deinit(struct mailbox *mb, void (*free_msg)(struct mailbox_msg *m)) {
+void mailbox_destroy(struct mailbox *mb, void (*free_msg)(struct mailbox_msg *m)) {
+    if (!mb) return;
     struct mailbox_msg *m = mb->head;
     while (m) {
         struct mailbox_msg *next = m->next;
@@ -26,9 +40,8 @@ void mailbox_deinit(struct mailbox *mb, void (*free_msg)(struct mailbox_msg *m))
         else free(m);
         m = next;
     }
-    mb->head = mb->tail = NULL;
-    mb->n = 0;
     uv_mutex_destroy(&mb->lock);
+    free(mb);
 }
 
 void mailbox_post(struct mailbox *mb, struct mailbox_msg *m) {
@@ -37,16 +50,14 @@ void mailbox_post(struct mailbox *mb, struct mailbox_msg *m) {
     if (mb->tail) mb->tail->next = m;
     else mb->head = m;
     mb->tail = m;
-    mb->n++;
     uv_mutex_unlock(&mb->lock);
-    if (mb->wake) uv_async_send(mb->wake);
+    if (mb->wake) mb->wake(mb->wake_user);
 }
 
 struct mailbox_msg *mailbox_drain(struct mailbox *mb) {
     uv_mutex_lock(&mb->lock);
     struct mailbox_msg *m = mb->head;
     mb->head = mb->tail = NULL;
-    mb->n = 0;
     uv_mutex_unlock(&mb->lock);
     return m;
 }

@@ -1,6 +1,7 @@
 /*
  * scheduler/mailbox.h - the one way into the step loop (STYLE 2.8): a locked
- * FIFO of messages plus a uv_async_send() wake-up of the step loop.
+ * FIFO of messages plus a wake-up of the step loop
+ * (the scheduler passes uv_async_send).
  *
  * Senders allocate a message and hand it over whole; the step thread drains
  * the whole queue at each wake-up (uv_async_send coalesces) and owns what it
@@ -10,8 +11,6 @@
 #define SCHEDULER_MAILBOX_H
 
 #include <stdint.h>
-
-#include <uv.h>
 
 enum mailbox_msg_type {
     MAILBOX_MSG_SUBMIT,  // payload: a struct seq to admit (ownership moves with it)
@@ -27,20 +26,19 @@ struct mailbox_msg {
     struct mailbox_msg *next;  // link: owned by the mailbox while queued
 };
 
-struct mailbox {
-    uv_mutex_t lock;
-    struct mailbox_msg *head;  // oldest
-    struct mailbox_msg *tail;
-    int32_t n;                 // messages queued
-    uv_async_t *wake;          // borrowed: the step loop's async handle, or NULL
-};
+/* Wakes the consumer (the step loop's uv_async_send); called after each post,
+ * outside the lock, on the posting thread. */
+typedef void (*mailbox_wake_fn)(void *user);
 
-/* Sets up an empty mailbox that wakes `wake` on every post (NULL: no wake-up,
- * for tests and a loop driven by hand). Returns 0 or ERR_NOMEM. */
-int  mailbox_init(struct mailbox *mb, uv_async_t *wake);
+struct mailbox;
+
+/* An empty mailbox that calls wake(user) after every post (wake NULL: no
+ * wake-up, for a loop driven by hand). Owned by the caller
+ * (mailbox_destroy()); NULL when out of memory. */
+struct mailbox *mailbox_create(mailbox_wake_fn wake, void *user);
 /* Frees still-queued messages with free_msg (NULL: free() each message only),
- * then the lock. [after the step thread ended] */
-void mailbox_deinit(struct mailbox *mb, void (*free_msg)(struct mailbox_msg *m));
+ * then the mailbox. NULL-safe. [after the step thread ended] */
+void mailbox_destroy(struct mailbox *mb, void (*free_msg)(struct mailbox_msg *m));
 
 /* Appends m (taking ownership) and wakes the loop. [any thread] */
 void mailbox_post(struct mailbox *mb, struct mailbox_msg *m);

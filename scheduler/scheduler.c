@@ -62,7 +62,7 @@ struct scheduler {
     int64_t t_stop_deadline_ns;
 
     // crossings
-    struct mailbox mailbox;             // [any thread] -> step thread
+    struct mailbox *mailbox;            // owned; [any thread] -> step thread
     uv_mutex_t stats_lock;              // guards published
     struct scheduler_stats published;   // step thread -> [any thread], under stats_lock
     atomic_uint_fast64_t next_id;
@@ -180,7 +180,7 @@ static void free_msg(struct mailbox_msg *m) {
 }
 
 static void drain_mailbox(struct scheduler *s) {
-    struct mailbox_msg *m = mailbox_drain(&s->mailbox);
+    struct mailbox_msg *m = mailbox_drain(s->mailbox);
     while (m) {
         struct mailbox_msg *next = m->next;
         switch (m->type) {
@@ -208,6 +208,12 @@ static void drain_mailbox(struct scheduler *s) {
         free(m);
         m = next;
     }
+}
+
+/* The mailbox's wake-up: uv_async_send is safe from any thread and coalesces. */
+static void wake_loop(void *user) {
+    struct scheduler *s = user;
+    uv_async_send(&s->async);
 }
 
 /* ---- the step ---- */
@@ -478,7 +484,8 @@ int scheduler_create(const struct engine_model *model, const struct scheduler_pa
     s->async.data = s;
     s->idle.data = s;
     s->has_handles = true;
-    if (mailbox_init(&s->mailbox, &s->async) != 0) goto fail;
+    s->mailbox = mailbox_create(wake_loop, s);
+    if (!s->mailbox) goto fail;
     s->has_mailbox = true;
     if (uv_mutex_init(&s->stats_lock) != 0) goto fail;
     s->has_stats = true;
@@ -504,7 +511,7 @@ void scheduler_stop(struct scheduler *s, int64_t grace_ms) {
         struct mailbox_msg *m = xcalloc(1, sizeof(*m));
         m->type = MAILBOX_MSG_STOP;
         m->arg_ms = grace_ms;
-        mailbox_post(&s->mailbox, m);
+        mailbox_post(s->mailbox, m);
         uv_thread_join(&s->thread);
         s->has_thread = false;
         // Anything that raced in after the loop's last step.
@@ -533,7 +540,7 @@ void scheduler_free(struct scheduler *s) {
         uv_run(&s->loop, UV_RUN_DEFAULT);
     }
     if (s->has_loop) uv_loop_close(&s->loop);
-    if (s->has_mailbox) mailbox_deinit(&s->mailbox, free_msg);
+    mailbox_destroy(s->mailbox, free_msg);
     if (s->has_stats) uv_mutex_destroy(&s->stats_lock);
     step_plan_deinit(&s->plan);
     free(s->b_token);
@@ -631,7 +638,7 @@ int scheduler_submit(struct scheduler *s, const struct scheduler_request *req, u
     m->type = MAILBOX_MSG_SUBMIT;
     m->id = id;
     m->payload = sq;
-    mailbox_post(&s->mailbox, m);
+    mailbox_post(s->mailbox, m);
     *out_id = id;
     *out_channel = c;
     return 0;
@@ -641,7 +648,7 @@ void scheduler_cancel(struct scheduler *s, uint64_t id) {
     struct mailbox_msg *m = xcalloc(1, sizeof(*m));
     m->type = MAILBOX_MSG_CANCEL;
     m->id = id;
-    mailbox_post(&s->mailbox, m);
+    mailbox_post(s->mailbox, m);
 }
 
 void scheduler_get_stats(struct scheduler *s, struct scheduler_stats *out) {

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include <uv.h>
+#include <threads.h>
 
 #include "scheduler/channel.h"
 
@@ -71,37 +71,38 @@ struct produce_args {
     int n;
 };
 
-static void produce(void *arg) {
+static int produce(void *arg) {
     struct produce_args *a = arg;
     for (int i = 0; i < a->n; i++) channel_push(a->c, i, "ab", 2, NULL);
     channel_finish(a->c, CHANNEL_FINISH_STOP, 0, NULL);
     channel_release(a->c);
+    return 0;
 }
 
 struct consumer {
-    uv_mutex_t lock;
-    uv_cond_t cond;
+    mtx_t lock;
+    cnd_t cond;
     int n_wakes;
 };
 
 static void wake_consumer(void *user) {
     struct consumer *k = user;
-    uv_mutex_lock(&k->lock);
+    mtx_lock(&k->lock);
     k->n_wakes++;
-    uv_cond_signal(&k->cond);
-    uv_mutex_unlock(&k->lock);
+    cnd_signal(&k->cond);
+    mtx_unlock(&k->lock);
 }
 
 static void test_channel_across_threads(void **state) {
     (void)state;
     struct consumer k = {.n_wakes = 0};
-    uv_mutex_init(&k.lock);
-    uv_cond_init(&k.cond);
+    mtx_init(&k.lock, mtx_plain);
+    cnd_init(&k.cond);
     struct channel *c = channel_create(false);
     channel_set_wake(c, wake_consumer, &k);
     struct produce_args a = {c, 5000};
-    uv_thread_t th;
-    assert_int_equal(uv_thread_create(&th, produce, &a), 0);
+    thrd_t th;
+    assert_int_equal(thrd_create(&th, produce, &a), thrd_success);
     int64_t n_tokens = 0;
     size_t n_bytes = 0;
     int seen_wakes = 0;
@@ -114,17 +115,17 @@ static void test_channel_across_threads(void **state) {
         channel_output_free(&out);
         if (done) break;
         // Sleep until woken; a wake between read and wait is not lost.
-        uv_mutex_lock(&k.lock);
-        while (k.n_wakes == seen_wakes) uv_cond_wait(&k.cond, &k.lock);
+        mtx_lock(&k.lock);
+        while (k.n_wakes == seen_wakes) cnd_wait(&k.cond, &k.lock);
         seen_wakes = k.n_wakes;
-        uv_mutex_unlock(&k.lock);
+        mtx_unlock(&k.lock);
     }
-    uv_thread_join(&th);
+    thrd_join(th, NULL);
     assert_int_equal(n_tokens, 5000);
     assert_int_equal(n_bytes, 10000);
     channel_release(c);
-    uv_cond_destroy(&k.cond);
-    uv_mutex_destroy(&k.lock);
+    cnd_destroy(&k.cond);
+    mtx_destroy(&k.lock);
 }
 
 int main(void) {

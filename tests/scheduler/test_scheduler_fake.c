@@ -20,7 +20,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include <uv.h>
+#include <threads.h>
 
 #include "engine/base/err.h"
 #include "engine/base/log.h"
@@ -354,17 +354,17 @@ static void test_scheduler_fake_submit_errors(void **state) {
 /* ---- threaded ---- */
 
 struct waiter {
-    uv_mutex_t lock;
-    uv_cond_t cond;
+    mtx_t lock;
+    cnd_t cond;
     int64_t n_wakes;
 };
 
 static void on_wake(void *user) {
     struct waiter *w = user;
-    uv_mutex_lock(&w->lock);
+    mtx_lock(&w->lock);
     w->n_wakes++;
-    uv_cond_signal(&w->cond);
-    uv_mutex_unlock(&w->lock);
+    cnd_signal(&w->cond);
+    mtx_unlock(&w->lock);
 }
 
 static void test_scheduler_fake_threaded_loop(void **state) {
@@ -379,8 +379,8 @@ static void test_scheduler_fake_threaded_loop(void **state) {
     assert_int_equal(scheduler_create(m, &p, &s), 0);
     assert_int_equal(scheduler_start(s), 0);
     struct waiter w = {.n_wakes = 0};
-    uv_mutex_init(&w.lock);
-    uv_cond_init(&w.cond);
+    mtx_init(&w.lock, mtx_plain);
+    cnd_init(&w.cond);
     struct channel *ch[24];
     bool done[24] = {0};
     memset(got, 0, sizeof(got));
@@ -398,10 +398,10 @@ static void test_scheduler_fake_threaded_loop(void **state) {
             n_done++;
         }
         if (n_done == 24) break;
-        uv_mutex_lock(&w.lock);
-        while (w.n_wakes == seen) uv_cond_wait(&w.cond, &w.lock);
+        mtx_lock(&w.lock);
+        while (w.n_wakes == seen) cnd_wait(&w.cond, &w.lock);
         seen = w.n_wakes;
-        uv_mutex_unlock(&w.lock);
+        mtx_unlock(&w.lock);
     }
     scheduler_stop(s, 1000);
     struct scheduler_stats st;
@@ -412,8 +412,8 @@ static void test_scheduler_fake_threaded_loop(void **state) {
     scheduler_free(s);
     expect_same(want, got, 24, "threaded", 99);
     assert_int_equal(fake_engine_n_errors(m), 0);
-    uv_cond_destroy(&w.cond);
-    uv_mutex_destroy(&w.lock);
+    cnd_destroy(&w.cond);
+    mtx_destroy(&w.lock);
     engine_model_free(m);
 }
 
