@@ -13,6 +13,8 @@ static struct kern_dispatch kern_table = {
     .f16_to_f32 = kern_ref_f16_to_f32,
     .bf16_to_f32 = kern_ref_bf16_to_f32,
     .dot_f32 = kern_ref_dot_f32,
+    .dot_f16 = kern_ref_dot_f16,
+    .dot_bf16 = kern_ref_dot_bf16,
 };
 
 const struct kern_dispatch *kern_dispatch_init(bool force_portable) {
@@ -21,6 +23,8 @@ const struct kern_dispatch *kern_dispatch_init(bool force_portable) {
         .f16_to_f32 = kern_ref_f16_to_f32,
         .bf16_to_f32 = kern_ref_bf16_to_f32,
         .dot_f32 = kern_ref_dot_f32,
+        .dot_f16 = kern_ref_dot_f16,
+        .dot_bf16 = kern_ref_dot_bf16,
     };
     __builtin_cpu_init();
     if (!force_portable && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
@@ -29,6 +33,8 @@ const struct kern_dispatch *kern_dispatch_init(bool force_portable) {
         t.f16_to_f32 = kern_avx2_f16_to_f32;
         t.bf16_to_f32 = kern_avx2_bf16_to_f32;
         t.dot_f32 = kern_avx2_dot_f32;
+        t.dot_f16 = kern_avx2_dot_f16;
+        t.dot_bf16 = kern_avx2_dot_bf16;
     }
     kern_table = t;
     atomic_thread_fence(memory_order_release);

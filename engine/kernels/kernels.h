@@ -20,6 +20,9 @@
 
 struct threadpool;
 
+/* Batches up to this many tokens multiply by row dots instead of sgemm. */
+#define KERN_GEMV_MAX_TOKENS 4
+
 /* Converts n elements of a row of type t (f32, f16, bf16) to f32. */
 typedef void (*kern_to_f32_fn)(const void *restrict src, float *restrict dst, int64_t n);
 
@@ -29,6 +32,9 @@ struct kern_dispatch {
     kern_to_f32_fn f16_to_f32;
     kern_to_f32_fn bf16_to_f32;
     float (*dot_f32)(const float *restrict a, const float *restrict b, int64_t n);
+    // dot of a weight row of f16 / bf16 elements with f32 activations
+    float (*dot_f16)(const void *restrict w, const float *restrict x, int64_t n);
+    float (*dot_bf16)(const void *restrict w, const float *restrict x, int64_t n);
 };
 
 /* Detects the CPU and returns the table (idempotent; thread-safe after the first
@@ -43,11 +49,15 @@ const struct kern_dispatch *kern_get(void);
 void kern_ref_f16_to_f32(const void *restrict src, float *restrict dst, int64_t n);
 void kern_ref_bf16_to_f32(const void *restrict src, float *restrict dst, int64_t n);
 float kern_ref_dot_f32(const float *restrict a, const float *restrict b, int64_t n);
+float kern_ref_dot_f16(const void *restrict w, const float *restrict x, int64_t n);
+float kern_ref_dot_bf16(const void *restrict w, const float *restrict x, int64_t n);
 
 /* AVX2 + F16C + FMA paths (kernels/avx2.c); call only when the CPU has them. */
 void kern_avx2_f16_to_f32(const void *restrict src, float *restrict dst, int64_t n);
 void kern_avx2_bf16_to_f32(const void *restrict src, float *restrict dst, int64_t n);
 float kern_avx2_dot_f32(const float *restrict a, const float *restrict b, int64_t n);
+float kern_avx2_dot_f16(const void *restrict w, const float *restrict x, int64_t n);
+float kern_avx2_dot_bf16(const void *restrict w, const float *restrict x, int64_t n);
 
 /* ---- matrix products (kernels/blas.c) -------------------------------------- */
 
@@ -65,9 +75,12 @@ void kern_scratch_free(struct kern_scratch *s);  // safe on a zeroed struct
 
 /* y[n_tokens][n_out] = x[n_tokens][n_in] * W^T, with W a [n_in, n_out] tensor
  * (n_out rows of n_in elements) of type f32, f16 or bf16. The output rows of W
- * are split across the pool's threads; f32 goes straight to OpenBLAS sgemm /
- * sgemv, f16/bf16 rows are converted tile by tile into the scratch first (the
- * model is never copied whole). x and y must not alias. */
+ * are split across the pool's threads. Up to KERN_GEMV_MAX_TOKENS tokens (decode)
+ * use our own row-dot kernels, which read each weight row once straight from
+ * the mapping in its own type (memory-bound: fewer bytes is faster); more
+ * tokens (prefill) go to OpenBLAS sgemm, f16/bf16 rows converted tile by tile
+ * into the scratch first (the model is never copied whole). x and y must not
+ * alias. */
 void kern_matmul(struct threadpool *pool, struct kern_scratch *scratch, const struct tensor *w,
                  const float *x, int64_t n_tokens, float *y);
 

@@ -20,3 +20,17 @@ float kern_ref_dot_f32(const float *restrict a, const float *restrict b, int64_t
     for (int64_t i = 0; i < n; i++) sum += a[i] * b[i];
     return sum;
 }
+
+float kern_ref_dot_f16(const void *restrict w, const float *restrict x, int64_t n) {
+    const uint16_t *h = w;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++) sum += quant_f16_to_f32(h[i]) * x[i];
+    return sum;
+}
+
+float kern_ref_dot_bf16(const void *restrict w, const float *restrict x, int64_t n) {
+    const uint16_t *h = w;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++) sum += quant_bf16_to_f32(h[i]) * x[i];
+    return sum;
+}
