@@ -22,6 +22,7 @@ static const struct subcommand subcommands[] = {
     {"generate", cmd_generate, "run a model on a prompt and stream the continuation"},
     {"tokenize", cmd_tokenize, "print the token ids of the text on stdin"},
     {"detokenize", cmd_detokenize, "print the text of the token ids on stdin"},
+    {"batch", cmd_batch, "run many prompts from a JSONL file through the scheduler"},
     {"serve", cmd_serve, "serve the model over an OpenAI-compatible HTTP API"},
 };
 
