@@ -1,14 +1,17 @@
 /*
  * attention.c - online-softmax attention walking KV blocks (the FlashAttention
- * recurrence, Dao et al. 2022, applied per KV block):
+ * recurrence, Dao et al. 2022, with the KV block as the key tile):
  *
- *   for each block of keys in range:
- *     s_j   = q . k_j * scale                   (scores of this block)
+ *   for each block of keys in range, for each query row r of the tile:
+ *     s_j   = q_r . k_j * scale, masked to the row's causal/window range
  *     m'    = max(m, max_j s_j)
  *     l     = l * exp(m - m') + sum_j exp(s_j - m')
  *     acc   = acc * exp(m - m') + sum_j exp(s_j - m') v_j
  *     m     = m'
- *   out = acc / l
+ *   out_r = acc / l
+ *
+ * K tiles are stored transposed ([head_dim][block_size], engine/kv.h) so the
+ * scores of a block come from vector FMAs with no horizontal sums.
  */
 #include "engine/attention.h"
 
@@ -16,83 +19,111 @@
 #include <string.h>
 
 #include "engine/base/alloc.h"
-#include "engine/kernels/kernels.h"
 #include "engine/threadpool.h"
 
 size_t attention_scratch_floats(int32_t n_head, int32_t n_head_kv, int32_t head_dim,
                                 int32_t block_size) {
-    size_t n_rep = (size_t)(n_head / n_head_kv);
-    // acc [n_rep][head_dim] + m, l [n_rep] + scores [n_rep][block_size]
-    return n_rep * (size_t)head_dim + 2 * n_rep + n_rep * (size_t)block_size;
+    size_t rows = (size_t)ATTENTION_TILE * (size_t)(n_head / n_head_kv);
+    // scores [rows][bs] + p [bs] + acc [rows][hd] + m, l [rows]
+    return rows * (size_t)block_size + (size_t)block_size + rows * (size_t)head_dim + 2 * rows;
 }
 
-/* Thread ith takes the items ith, ith + nth, ...: interleaving balances causal
- * prefill, where later tokens attend to more keys than earlier ones. */
+int32_t attention_tiles(const struct engine_batch *b, struct attention_tile *tiles) {
+    int32_t n = 0;
+    for (int32_t t = 0; t < b->n_tokens;) {
+        int32_t len = 1;
+        while (len < ATTENTION_TILE && t + len < b->n_tokens &&
+               b->seq[t + len] == b->seq[t] && b->pos[t + len] == b->pos[t] + len) {
+            len++;
+        }
+        tiles[n++] = (struct attention_tile){.t0 = t, .n = len};
+        t += len;
+    }
+    return n;
+}
+
 static void attention_items(void *arg, int64_t begin, int64_t end, int32_t ith, int32_t nth) {
     (void)begin;
     (void)end;
     const struct attention_args *a = arg;
     const struct kv_store *kv = a->kv;
     const struct engine_batch *b = a->batch;
+    const struct kern_attn *kern = a->kern;
     const int32_t n_head_kv = kv->n_head_kv;
     const int32_t hd = kv->head_dim;
     const int32_t bs = kv->block_size;
     const int32_t n_rep = a->n_head / n_head_kv;
-    const struct kern_dispatch *kd = kern_get();
+    const int32_t max_rows = ATTENTION_TILE * n_rep;
 
-    float *acc = a->scratch + (size_t)ith * a->scratch_floats;  // [n_rep][hd]
-    float *m = acc + (size_t)n_rep * hd;                        // [n_rep]
-    float *l = m + n_rep;                                       // [n_rep]
-    float *s = l + n_rep;                                       // [n_rep][bs]
+    float *S = a->scratch + (size_t)ith * a->scratch_floats;  // [max_rows][bs]
+    float *P = S + (size_t)max_rows * bs;                      // [bs]
+    float *acc = P + bs;                                       // [max_rows][hd]
+    float *m = acc + (size_t)max_rows * hd;                    // [max_rows]
+    float *l = m + max_rows;                                   // [max_rows]
+    const float *qrow[ATTENTION_TILE * 64];                    // row pointers (n_rep <= 64)
+    int32_t row_lo[ATTENTION_TILE * 64];                       // first key position per row
+    int32_t row_hi[ATTENTION_TILE * 64];                       // last key position per row
+    ASSERT(n_rep <= 64);
 
-    const int64_t n_items = (int64_t)b->n_tokens * n_head_kv;
+    const int64_t n_items = (int64_t)a->n_tiles * n_head_kv;
     for (int64_t item = ith; item < n_items; item += nth) {
-        const int32_t t = (int32_t)(item / n_head_kv);
+        const struct attention_tile *tile = &a->tiles[item / n_head_kv];
         const int32_t g = (int32_t)(item % n_head_kv);
-        const int32_t pos = b->pos[t];
-        const struct engine_seq *sq = &b->seqs[b->seq[t]];
-        const int32_t first = a->window > 0 && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;
-        const float *q = a->q + ((size_t)t * a->n_head + (size_t)g * n_rep) * hd;  // [n_rep][hd]
+        const struct engine_seq *sq = &b->seqs[b->seq[tile->t0]];
+        const int32_t n_rows = tile->n * n_rep;
 
-        memset(acc, 0, (size_t)n_rep * hd * sizeof(float));
-        for (int32_t r = 0; r < n_rep; r++) {
-            m[r] = -INFINITY;
-            l[r] = 0.0f;
+        // Rows: (token, query head of group g); keys [lo, hi] per row.
+        for (int32_t tt = 0; tt < tile->n; tt++) {
+            const int32_t t = tile->t0 + tt;
+            const int32_t pos = b->pos[t];
+            const int32_t lo = a->window > 0 && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;
+            for (int32_t h = 0; h < n_rep; h++) {
+                const int32_t r = tt * n_rep + h;
+                qrow[r] = a->q + ((size_t)t * a->n_head + (size_t)g * n_rep + h) * hd;
+                row_lo[r] = lo;
+                row_hi[r] = pos;
+                m[r] = -INFINITY;
+                l[r] = 0.0f;
+            }
         }
-        for (int32_t bi = first / bs; bi <= pos / bs; bi++) {
+        memset(acc, 0, (size_t)n_rows * hd * sizeof(float));
+
+        const int32_t first = row_lo[0];              // smallest lo of the tile
+        const int32_t last = row_hi[n_rows - 1];      // largest hi of the tile
+        for (int32_t bi = first / bs; bi <= last / bs; bi++) {
             ASSERT(bi < sq->n_blocks);
             const int32_t block = sq->block_table[bi];
             ASSERT(block > 0 && block < kv->n_blocks);
-            const int32_t j0 = bi * bs > first ? 0 : first - bi * bs;      // first slot
-            const int32_t j1 = (bi + 1) * bs - 1 < pos ? bs : pos - bi * bs + 1;  // end slot
-            const float *kt = kv_k_tile(kv, a->layer, block, g);  // [bs][hd]
+            const int32_t base = bi * bs;
+            const float *kt = kv_k_tile(kv, a->layer, block, g);  // [hd][bs]
             const float *vt = kv_v_tile(kv, a->layer, block, g);  // [bs][hd]
-            for (int32_t r = 0; r < n_rep; r++) {
-                const float *qr = q + (size_t)r * hd;
-                float *sr = s + (size_t)r * bs;
+
+            // Scores of every row against the whole block, 4 rows at a time.
+            for (int32_t r = 0; r < n_rows; r += KERN_ATTN_ROWS) {
+                int32_t nr = n_rows - r < KERN_ATTN_ROWS ? n_rows - r : KERN_ATTN_ROWS;
+                kern->scores(qrow + r, nr, kt, hd, bs, a->scale, S + (size_t)r * bs);
+            }
+            // Online softmax update of each row over its keys in this block.
+            for (int32_t r = 0; r < n_rows; r++) {
+                const int32_t j0 = row_lo[r] > base ? row_lo[r] - base : 0;
+                const int32_t j1 = row_hi[r] - base < bs - 1 ? row_hi[r] - base : bs - 1;
+                if (j0 > j1) continue;  // none of this row's keys are in the block
+                const float *sr = S + (size_t)r * bs;
                 float mx = m[r];
-                for (int32_t j = j0; j < j1; j++) {
-                    sr[j] = kd->dot_f32(qr, kt + (size_t)j * hd, hd) * a->scale;
-                    if (sr[j] > mx) mx = sr[j];
-                }
-                const float corr = expf(m[r] - mx);  // 0 on the first block (m = -inf)
-                float *ar = acc + (size_t)r * hd;
-                float sum = l[r] * corr;
-                for (int32_t d = 0; d < hd; d++) ar[d] *= corr;
-                for (int32_t j = j0; j < j1; j++) {
-                    const float p = expf(sr[j] - mx);
-                    sum += p;
-                    const float *vj = vt + (size_t)j * hd;
-                    for (int32_t d = 0; d < hd; d++) ar[d] += p * vj[d];
-                }
+                for (int32_t j = j0; j <= j1; j++) mx = sr[j] > mx ? sr[j] : mx;
+                const float corr = expf(m[r] - mx);  // 0 on the row's first block
+                const float sum = kern->exp_sum(P, sr + j0, mx, j1 - j0 + 1);
+                kern->pv(acc + (size_t)r * hd, corr, P, vt + (size_t)j0 * hd, j1 - j0 + 1, hd);
+                l[r] = l[r] * corr + sum;
                 m[r] = mx;
-                l[r] = sum;
             }
         }
-        float *o = a->out + ((size_t)t * a->n_head + (size_t)g * n_rep) * hd;
-        for (int32_t r = 0; r < n_rep; r++) {
+        for (int32_t r = 0; r < n_rows; r++) {
+            const int32_t tt = r / n_rep;
+            const int32_t h = r % n_rep;
+            float *o = a->out + ((size_t)(tile->t0 + tt) * a->n_head + (size_t)g * n_rep + h) * hd;
             const float inv = 1.0f / l[r];
-            for (int32_t d = 0; d < hd; d++) o[(size_t)r * hd + d] = acc[(size_t)r * hd + d] * inv;
+            for (int32_t d = 0; d < hd; d++) o[d] = acc[(size_t)r * hd + d] * inv;
         }
     }
 }

@@ -10,6 +10,7 @@
 
 #include <stdint.h>
 
+#include "engine/attention.h"
 #include "engine/engine.h"
 #include "engine/kernels/kernels.h"
 #include "engine/kv.h"
@@ -35,6 +36,8 @@ struct engine_ctx {
     float *hb2;       // [T][n_ff]
     float *rope_cos;  // [T][n_rot / 2]
     float *rope_sin;  // [T][n_rot / 2]
+    struct attention_tile *att_tiles;   // [T] query tiles of the current batch
+    const struct kern_attn *attn_kern;  // static table chosen at creation
     float *att_scratch;       // [n_threads][att_scratch_floats]
     size_t att_scratch_floats;
     int32_t *out_rows;        // [T] batch index of each output row

@@ -15,6 +15,7 @@
 #include "engine/ctx.h"
 #include "engine/model.h"
 #include "engine/attention.h"
+#include "engine/kernels/kernels.h"
 #include "engine/threadpool.h"
 
 struct engine_ctx_params engine_ctx_default_params(void) {
@@ -50,6 +51,7 @@ void engine_ctx_free(struct engine_ctx *ctx) {
     free(ctx->rope_cos);
     free(ctx->rope_sin);
     free(ctx->att_scratch);
+    free(ctx->att_tiles);
     free(ctx->out_rows);
     free(ctx->xo);
     free(ctx->logits);
@@ -125,7 +127,10 @@ int engine_ctx_create(const struct engine_model *m, const struct engine_ctx_para
     ctx->xo = alloc_floats((size_t)prm.max_outputs, (size_t)hp->n_embd, &err);
     ctx->logits = alloc_floats((size_t)prm.max_outputs, (size_t)hp->n_vocab, &err);
     ctx->out_rows = malloc(T * sizeof(int32_t));
-    if (!ctx->out_rows) err = ERR_NOMEM;
+    ctx->att_tiles = malloc(T * sizeof(*ctx->att_tiles));
+    if (!ctx->out_rows || !ctx->att_tiles) err = ERR_NOMEM;
+    // Attention follows the kernels' choice: portable when they were forced portable.
+    ctx->attn_kern = kern_attn_select(kern_get()->dot_f32 == kern_ref_dot_f32);
     if (err) {
         LOG_ERROR("%s: cannot allocate scratch for %d tokens and %d outputs", __func__,
                   prm.max_batch_tokens, prm.max_outputs);

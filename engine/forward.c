@@ -67,7 +67,8 @@ static void kv_write(const struct kv_store *kv, int32_t il, const struct engine_
         const int32_t slot = pos % bs;
         for (int32_t h = 0; h < kv->n_head_kv; h++) {
             const size_t src = ((size_t)t * kv->n_head_kv + (size_t)h) * hd;
-            memcpy(kv_k_tile(kv, il, block, h) + (size_t)slot * hd, k + src, hd * sizeof(float));
+            float *kt = kv_k_tile(kv, il, block, h);  // [hd][bs]: column `slot`
+            for (int32_t d = 0; d < hd; d++) kt[(size_t)d * bs + slot] = k[src + d];
             memcpy(kv_v_tile(kv, il, block, h) + (size_t)slot * hd, v + src, hd * sizeof(float));
         }
     }
@@ -99,9 +100,15 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
                    ctx->rope_sin + (size_t)t * n_pairs);
     }
 
+    // Query tiles for attention, shared by every layer
+    const int32_t n_tiles = attention_tiles(b, ctx->att_tiles);
+
     struct attention_args att = {
         .kv = &ctx->kv,
         .batch = b,
+        .tiles = ctx->att_tiles,
+        .n_tiles = n_tiles,
+        .kern = ctx->attn_kern,
         .q = ctx->q,
         .out = ctx->att,
         .n_head = n_head,

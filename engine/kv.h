@@ -4,10 +4,11 @@
  * by (layer, block id, kv head); the scheduler decides which block id belongs
  * to which sequence, the engine only reads and writes where it is told.
  *
- * Layout of each of K and V (f32):
- *   [n_layer][n_blocks][n_head_kv][block_size][head_dim]
- * so one kv head of one block is a contiguous [block_size][head_dim] tile,
- * which is what attention walks. Block 0 is the null block: never written.
+ * Layout of each of K and V (f32): [n_layer][n_blocks][n_head_kv][tile], one
+ * contiguous tile per kv head of a block, which is what attention walks:
+ *   K tile: [head_dim][block_size]  (transposed: a block's scores are vector FMAs)
+ *   V tile: [block_size][head_dim]
+ * Block 0 is the null block: never written.
  */
 #ifndef LLMSERVE_KV_H
 #define LLMSERVE_KV_H
@@ -37,7 +38,8 @@ int kv_init(struct kv_store *kv, int32_t n_layer, int32_t n_blocks, int32_t bloc
 /* Frees; safe on a zeroed struct. */
 void kv_free(struct kv_store *kv);
 
-/* The [block_size][head_dim] K (or V) tile of kv head h of block b in layer il. */
+/* The K tile [head_dim][block_size] (kv_k_tile) or V tile [block_size][head_dim]
+ * (kv_v_tile) of kv head h of block b in layer il. */
 static inline float *kv_k_tile(const struct kv_store *kv, int32_t il, int32_t b, int32_t h) {
     return kv->k + ((size_t)il * (size_t)kv->n_blocks + (size_t)b) * kv->block_floats +
            (size_t)h * kv->head_floats;

@@ -1,0 +1,123 @@
+/*
+ * attn_avx2.c - AVX2 + FMA attention kernels. Compiled with -mavx2 -mfma and
+ * called only after kern_attn_select() found those features.
+ */
+#include <immintrin.h>
+#include <math.h>
+
+#include "engine/kernels/attn.h"
+
+void kern_attn_avx2_scores(const float *const *q, int32_t n_rows, const float *kt, int32_t hd,
+                           int32_t bs, float scale, float *s) {
+    int32_t j = 0;
+    // 4 rows x 8 keys per pass: one K^T vector load feeds 4 FMAs.
+    for (; j + 8 <= bs; j += 8) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+        const float *q0 = q[0];
+        const float *q1 = n_rows > 1 ? q[1] : q[0];
+        const float *q2 = n_rows > 2 ? q[2] : q[0];
+        const float *q3 = n_rows > 3 ? q[3] : q[0];
+        for (int32_t d = 0; d < hd; d++) {
+            __m256 k = _mm256_loadu_ps(kt + (int64_t)d * bs + j);
+            a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(q0 + d), k, a0);
+            a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(q1 + d), k, a1);
+            a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(q2 + d), k, a2);
+            a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(q3 + d), k, a3);
+        }
+        __m256 sc = _mm256_set1_ps(scale);
+        _mm256_storeu_ps(s + j, _mm256_mul_ps(a0, sc));
+        if (n_rows > 1) _mm256_storeu_ps(s + bs + j, _mm256_mul_ps(a1, sc));
+        if (n_rows > 2) _mm256_storeu_ps(s + 2 * (int64_t)bs + j, _mm256_mul_ps(a2, sc));
+        if (n_rows > 3) _mm256_storeu_ps(s + 3 * (int64_t)bs + j, _mm256_mul_ps(a3, sc));
+    }
+    for (; j < bs; j++) {
+        for (int32_t r = 0; r < n_rows; r++) {
+            float sum = 0.0f;
+            for (int32_t d = 0; d < hd; d++) sum += q[r][d] * kt[(int64_t)d * bs + j];
+            s[(int64_t)r * bs + j] = sum * scale;
+        }
+    }
+}
+
+/* exp(x) for x <= 0 (inputs are scores minus their running max): 2^n * e^f
+ * with n = round(x / ln 2), |f| <= ln2/2, e^f by a degree-6 Taylor/Horner
+ * polynomial (relative error < 2e-7 on that range). x < -87 gives 0. */
+static inline __m256 exp_neg(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.0f);
+    __m256 is_small = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(x, lo);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 f = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+    f = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), f);
+    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
+                                  23);
+    __m256 r = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(is_small, r);
+}
+
+float kern_attn_avx2_exp_sum(float *p, const float *s, float m, int32_t n) {
+    __m256 vm = _mm256_set1_ps(m);
+    __m256 acc = _mm256_setzero_ps();
+    int32_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+        _mm256_storeu_ps(p + j, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    lo = _mm_hadd_ps(lo, lo);
+    lo = _mm_hadd_ps(lo, lo);
+    float sum = _mm_cvtss_f32(lo);
+    for (; j < n; j++) {
+        p[j] = expf(s[j] - m);
+        sum += p[j];
+    }
+    return sum;
+}
+
+void kern_attn_avx2_pv(float *acc, float corr, const float *p, const float *v, int32_t n,
+                       int32_t hd) {
+    const __m256 vc = _mm256_set1_ps(corr);
+    int32_t d = 0;
+    // 32 dims at a time stay in registers across all keys of the block.
+    for (; d + 32 <= hd; d += 32) {
+        __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(acc + d), vc);
+        __m256 a1 = _mm256_mul_ps(_mm256_loadu_ps(acc + d + 8), vc);
+        __m256 a2 = _mm256_mul_ps(_mm256_loadu_ps(acc + d + 16), vc);
+        __m256 a3 = _mm256_mul_ps(_mm256_loadu_ps(acc + d + 24), vc);
+        for (int32_t j = 0; j < n; j++) {
+            const float *vj = v + (int64_t)j * hd + d;
+            __m256 pj = _mm256_broadcast_ss(p + j);
+            a0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj), a0);
+            a1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8), a1);
+            a2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 16), a2);
+            a3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 24), a3);
+        }
+        _mm256_storeu_ps(acc + d, a0);
+        _mm256_storeu_ps(acc + d + 8, a1);
+        _mm256_storeu_ps(acc + d + 16, a2);
+        _mm256_storeu_ps(acc + d + 24, a3);
+    }
+    for (; d + 8 <= hd; d += 8) {
+        __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(acc + d), vc);
+        for (int32_t j = 0; j < n; j++) {
+            a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + j), _mm256_loadu_ps(v + (int64_t)j * hd + d),
+                                 a0);
+        }
+        _mm256_storeu_ps(acc + d, a0);
+    }
+    for (; d < hd; d++) {
+        float a = acc[d] * corr;
+        for (int32_t j = 0; j < n; j++) a += p[j] * v[(int64_t)j * hd + d];
+        acc[d] = a;
+    }
+}
