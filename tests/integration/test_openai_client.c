@@ -1,0 +1,57 @@
+/*
+ * test_openai_client.c - the official `openai` npm client (openai@6: Node 20,
+ * MACHINE.md) against the real server: completions and chat, plain and
+ * streaming (tests/integration/openai_client.mjs). The package is installed
+ * into <build>/node_modules-openai on first run; the test skips, saying so,
+ * only when npm or node is missing or the registry cannot be reached.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <cmocka.h>
+
+#include "tests/helpers/testutil.h"
+#include "tests/integration/httptest.h"
+
+static void test_openai_npm_client(void **state) {
+    (void)state;
+    if (testutil_system("command -v node >/dev/null && command -v npm >/dev/null") != 0) {
+        print_message("skipped: node or npm is not installed\n");
+        skip();
+    }
+    char dir[4096];
+    snprintf(dir, sizeof(dir), "%s/node_modules-openai", testutil_build_dir());
+    char cmd[16384];
+    snprintf(cmd, sizeof(cmd), "test -f %s/node_modules/openai/package.json", dir);
+    if (testutil_system(cmd) != 0) {
+        snprintf(cmd, sizeof(cmd),
+                 "npm install --silent --no-audit --no-fund --prefix %s openai@6 >%s.log 2>&1",
+                 dir, dir);
+        if (testutil_system(cmd) != 0) {
+            print_message("skipped: npm could not install openai@6 (registry unreachable?); "
+                          "see %s.log\n", dir);
+            skip();
+        }
+    }
+    struct httptest_server s;
+    httptest_start(&s, httptest_model("llama-f32"), "--api-key test-key");
+    snprintf(cmd, sizeof(cmd),
+             "OPENAI_MODULE_DIR=%s node %s/tests/integration/openai_client.mjs "
+             "http://127.0.0.1:%d/v1 synthetic-llama",
+             dir, testutil_source_dir(), s.port);
+    int st = testutil_system(cmd);
+    assert_int_equal(httptest_stop(&s, SIGTERM), 0);
+    assert_int_equal(st, 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_openai_npm_client),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
