@@ -70,6 +70,8 @@ struct scheduler {
     atomic_int n_waiting;               // waiting.n as of the last step
     atomic_bool is_accepting;
     atomic_bool is_stop_requested;
+    atomic_bool is_loop_running;        // the step thread is inside uv_run
+    atomic_llong t_progress_ns;         // last step start or submission (scheduler_is_alive)
 
     // loop
     uv_loop_t loop;
@@ -254,6 +256,7 @@ static void emit_token(struct scheduler *s, struct seq *sq, const float *row, in
 }
 
 int32_t scheduler_step(struct scheduler *s) {
+    atomic_store(&s->t_progress_ns, clock_mono_ns());
     drain_mailbox(s);
     if (s->stopping && clock_mono_ns() >= s->t_stop_deadline_ns) cancel_all(s);
 
@@ -386,7 +389,9 @@ static void on_async(uv_async_t *h) {
 
 static void loop_main(void *arg) {
     struct scheduler *s = arg;
+    atomic_store(&s->is_loop_running, true);
     uv_run(&s->loop, UV_RUN_DEFAULT);
+    atomic_store(&s->is_loop_running, false);
 }
 
 int scheduler_start(struct scheduler *s) {
@@ -396,7 +401,23 @@ int scheduler_start(struct scheduler *s) {
         return ERR_NOMEM;
     }
     s->has_thread = true;
+    // Alive from here on: the thread sets the flag itself when uv_run begins,
+    // but a caller asking right after start must not see a spurious "dead".
+    atomic_store(&s->is_loop_running, true);
     return 0;
+}
+
+bool scheduler_is_alive(struct scheduler *s) {
+    if (!atomic_load(&s->is_loop_running) || !atomic_load(&s->is_accepting)) return false;
+    bool has_work = atomic_load(&s->n_submitted) > 0 || atomic_load(&s->n_waiting) > 0;
+    if (!has_work) {
+        uv_mutex_lock(&s->stats_lock);
+        has_work = s->published.n_running > 0;
+        uv_mutex_unlock(&s->stats_lock);
+    }
+    if (!has_work) return true;  // idle: asleep in uv_run, which is fine
+    return clock_mono_ns() - atomic_load(&s->t_progress_ns) <
+           (int64_t)SCHEDULER_STALL_MS * 1000000;
 }
 
 /* ---- lifecycle ---- */
@@ -599,6 +620,9 @@ int scheduler_submit(struct scheduler *s, const struct scheduler_request *req, u
     if (!atomic_load(&s->is_accepting)) return ERR_SHUTDOWN;
     int err = validate_request(s, req);
     if (err) return err;
+    // Work arriving at an idle loop restarts the stall clock; a loop that
+    // hangs leaves submissions queued, so later ones do not refresh it.
+    if (atomic_load(&s->n_submitted) == 0) atomic_store(&s->t_progress_ns, clock_mono_ns());
     int n_queued = atomic_fetch_add(&s->n_submitted, 1);
     if (n_queued + atomic_load(&s->n_waiting) >= s->p.max_queue) {
         atomic_fetch_sub(&s->n_submitted, 1);

@@ -24,6 +24,7 @@
 #include "scheduler/stats.h"
 
 #define SCHEDULER_BLOCK_SIZE_DEFAULT 16
+#define SCHEDULER_STALL_MS 60000   // work pending and no step began this long: not alive
 
 struct scheduler_params {
     int32_t block_size;         // tokens per KV block (16)
@@ -72,6 +73,12 @@ int scheduler_create(const struct engine_model *model, const struct scheduler_pa
 
 /* Starts the step-loop thread. Returns 0 or ERR_NOMEM. [before start] */
 int scheduler_start(struct scheduler *s);
+
+/* True while the step thread runs its loop and accepts work, and, when work
+ * is pending, a step began (or a request came in) within SCHEDULER_STALL_MS.
+ * False before scheduler_start(), after scheduler_stop(), or when the loop
+ * has exited or hangs. For the server's /health. [any thread] */
+bool scheduler_is_alive(struct scheduler *s);
 
 /* Queues a request. On success *out_id is its sequence id (never reused) and
  * *out_channel the consumer's reference to its output channel (release it

@@ -377,7 +377,9 @@ static void test_scheduler_fake_threaded_loop(void **state) {
     struct scheduler_params p = params(64, 32, true);
     struct scheduler *s;
     assert_int_equal(scheduler_create(m, &p, &s), 0);
+    assert_false(scheduler_is_alive(s));  // no step thread yet
     assert_int_equal(scheduler_start(s), 0);
+    assert_true(scheduler_is_alive(s));
     struct waiter w = {.n_wakes = 0};
     mtx_init(&w.lock, mtx_plain);
     cnd_init(&w.cond);
@@ -398,12 +400,15 @@ static void test_scheduler_fake_threaded_loop(void **state) {
             n_done++;
         }
         if (n_done == 24) break;
+        assert_true(scheduler_is_alive(s));  // busy, stepping
         mtx_lock(&w.lock);
         while (w.n_wakes == seen) cnd_wait(&w.cond, &w.lock);
         seen = w.n_wakes;
         mtx_unlock(&w.lock);
     }
+    assert_true(scheduler_is_alive(s));  // idle, asleep in its loop
     scheduler_stop(s, 1000);
+    assert_false(scheduler_is_alive(s));
     struct scheduler_stats st;
     scheduler_get_stats(s, &st);
     assert_int_equal(st.n_finished, 24);
