@@ -20,6 +20,7 @@ struct req *req_create(struct http_slot *slot, struct MHD_Connection *conn) {
     r->t_start_ns = clock_mono_ns();
     atomic_init(&r->timed_out, false);
     atomic_init(&r->heartbeat_due, false);
+    atomic_init(&r->client_gone, false);
     return r;
 }
 

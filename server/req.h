@@ -65,6 +65,7 @@ struct req {
     int64_t deadline_ns;                // 0: no timeout
     atomic_bool timed_out;              // set by the ticker
     atomic_bool heartbeat_due;          // set by the ticker (streams)
+    atomic_bool client_gone;            // set by the ticker: the peer closed while suspended
     int64_t t_last_write_ns;            // streams
 
     struct scheduler *sched;            // borrowed

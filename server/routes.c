@@ -41,7 +41,10 @@ static void reply_json(struct route_reply *out, int status, json_t *root) {
 static enum route_result handle_health(const struct routes_ctx *ctx, struct req *r,
                                        struct route_reply *out) {
     (void)r;
-    bool ok = ctx->model && ctx->sched && !http_is_draining(ctx->http);
+    // 200 only with the model loaded, the step loop alive (running, not
+    // hung) and not shutting down: a load balancer takes the rest out.
+    bool ok = ctx->model && ctx->sched && scheduler_is_alive(ctx->sched) &&
+              !http_is_draining(ctx->http);
     json_t *o = json_object();
     json_object_set_new(o, "status", json_string(ok ? "ok" : "unavailable"));
     reply_json(out, ok ? 200 : 503, o);

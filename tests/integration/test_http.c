@@ -481,6 +481,56 @@ static void test_queue_full_429(void **state) {
     assert_int_equal(httptest_stop(&s, SIGTERM), 0);
 }
 
+#define N_OCCUPANTS 8
+
+/* A client that gives up while its request still waits in the scheduler's
+ * queue is noticed by the ticker's socket peek: its sequence is canceled
+ * before it ever runs. With one sequence slot, the request waits behind
+ * N_OCCUPANTS requests of 2040 tokens each (several seconds of decoding);
+ * had the disconnect been seen only when the request ended, it would have
+ * generated its own 2040 tokens too. */
+static void test_disconnect_while_queued(void **state) {
+    (void)state;
+    struct httptest_server s;
+    httptest_start(&s, httptest_model("llama-f32"), "--max-seqs 1");
+    const char *body = "{\"prompt\":[1,4,4],\"max_tokens\":2040,\"temperature\":0,"
+                       "\"ignore_eos\":true}";
+    int fds[N_OCCUPANTS];
+    for (int i = 0; i < N_OCCUPANTS; i++) {
+        fds[i] = httptest_send(s.port, "POST", "/v1/completions", NULL, body);
+        assert_true(fds[i] >= 0);
+    }
+    for (int i = 0; i < 600; i++) {
+        if (httptest_get_metric(s.port, "llmserve_requests_waiting") == N_OCCUPANTS - 1) break;
+        httptest_sleep_ms(10);
+    }
+    int fd = httptest_send(s.port, "POST", "/v1/completions", NULL, body);
+    assert_true(fd >= 0);
+    for (int i = 0; i < 600; i++) {  // submitted: it waits in the queue now
+        if (httptest_get_metric(s.port, "llmserve_sequences_submitted_total") == N_OCCUPANTS + 1)
+            break;
+        httptest_sleep_ms(10);
+    }
+    assert_int_equal(httptest_get_metric(s.port, "llmserve_sequences_submitted_total"),
+                     N_OCCUPANTS + 1);
+    close(fd);
+    for (int i = 0; i < 600; i++) {
+        if (httptest_get_metric(s.port, "llmserve_http_disconnects_total") >= 1) break;
+        httptest_sleep_ms(50);
+    }
+    assert_int_equal(httptest_get_metric(s.port, "llmserve_http_disconnects_total"), 1);
+    for (int i = 0; i < N_OCCUPANTS; i++) {
+        struct httptest_resp r;
+        assert_int_equal(httptest_recv(fds[i], &r), 200);
+        assert_int_equal(httptest_json_int(r.body, "completion_tokens", -1), 2040);
+        httptest_resp_free(&r);
+    }
+    wait_idle(s.port);
+    assert_int_equal(httptest_get_metric(s.port, "llmserve_generation_tokens_total"),
+                     N_OCCUPANTS * 2040);
+    assert_int_equal(httptest_stop(&s, SIGTERM), 0);
+}
+
 #define N_SIGTERM_STREAMS 12
 
 static void test_sigterm_during_streams(void **state) {
@@ -541,6 +591,7 @@ int main(void) {
     const struct CMUnitTest own[] = {
         cmocka_unit_test(test_api_key),
         cmocka_unit_test(test_queue_full_429),
+        cmocka_unit_test(test_disconnect_while_queued),
         cmocka_unit_test(test_sigterm_during_streams),
     };
     int failed = cmocka_run_group_tests(shared, group_setup, group_teardown);
