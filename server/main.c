@@ -51,6 +51,9 @@ static void ensure_blas_coretype(char **argv) {
 
 int main(int argc, char **argv) {
     ensure_blas_coretype(argv);
+    // Every subcommand computes with the kernels chosen here, once.
+    kern_dispatch_init(false);
+    kern_blas_init();
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
