@@ -10,6 +10,7 @@
  */
 #include "engine/threadpool.h"
 
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -18,6 +19,10 @@
 #include "engine/base/alloc.h"
 
 #define THREADPOOL_SPIN 20000
+// Yield inside the spin every so often: when the cores are oversubscribed (other
+// processes, or more threads than cores) a pure spin would burn the time slice
+// the thread it waits for needs.
+#define THREADPOOL_YIELD_EVERY 1024
 
 struct worker {
     struct threadpool *pool;
@@ -61,6 +66,7 @@ static void worker_main(void *arg) {
         // Spin a little first: regions come back to back during a forward pass.
         uint64_t g = atomic_load_explicit(&p->generation, memory_order_acquire);
         for (int i = 0; i < THREADPOOL_SPIN && g == seen; i++) {
+            if (i % THREADPOOL_YIELD_EVERY == THREADPOOL_YIELD_EVERY - 1) sched_yield();
             g = atomic_load_explicit(&p->generation, memory_order_acquire);
         }
         if (g == seen) {
@@ -140,6 +146,7 @@ void threadpool_run(struct threadpool *p, int64_t n_items, int64_t grain, thread
     run_share(p, 0);
 
     for (int i = 0; i < THREADPOOL_SPIN && atomic_load(&p->pending) > 0; i++) {
+        if (i % THREADPOOL_YIELD_EVERY == THREADPOOL_YIELD_EVERY - 1) sched_yield();
     }
     if (atomic_load(&p->pending) > 0) {
         uv_mutex_lock(&p->mutex);

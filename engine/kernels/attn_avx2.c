@@ -7,8 +7,48 @@
 
 #include "engine/kernels/attn.h"
 
+/* One row (decode without GQA sharing): 16 keys per pass, even and odd dims in
+ * separate accumulators so four FMA chains run at once. */
+static void scores_one_row(const float *q, const float *kt, int32_t hd, int32_t bs, float scale,
+                           float *s) {
+    int32_t j = 0;
+    for (; j + 16 <= bs; j += 16) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+        int32_t d = 0;
+        for (; d + 2 <= hd; d += 2) {
+            const float *k0 = kt + (int64_t)d * bs + j;
+            const float *k1 = k0 + bs;
+            __m256 q0 = _mm256_broadcast_ss(q + d);
+            __m256 q1 = _mm256_broadcast_ss(q + d + 1);
+            a0 = _mm256_fmadd_ps(q0, _mm256_loadu_ps(k0), a0);
+            a1 = _mm256_fmadd_ps(q0, _mm256_loadu_ps(k0 + 8), a1);
+            a2 = _mm256_fmadd_ps(q1, _mm256_loadu_ps(k1), a2);
+            a3 = _mm256_fmadd_ps(q1, _mm256_loadu_ps(k1 + 8), a3);
+        }
+        for (; d < hd; d++) {
+            const float *k0 = kt + (int64_t)d * bs + j;
+            __m256 q0 = _mm256_broadcast_ss(q + d);
+            a0 = _mm256_fmadd_ps(q0, _mm256_loadu_ps(k0), a0);
+            a1 = _mm256_fmadd_ps(q0, _mm256_loadu_ps(k0 + 8), a1);
+        }
+        __m256 sc = _mm256_set1_ps(scale);
+        _mm256_storeu_ps(s + j, _mm256_mul_ps(_mm256_add_ps(a0, a2), sc));
+        _mm256_storeu_ps(s + j + 8, _mm256_mul_ps(_mm256_add_ps(a1, a3), sc));
+    }
+    for (; j < bs; j++) {
+        float sum = 0.0f;
+        for (int32_t d = 0; d < hd; d++) sum += q[d] * kt[(int64_t)d * bs + j];
+        s[j] = sum * scale;
+    }
+}
+
 void kern_attn_avx2_scores(const float *const *q, int32_t n_rows, const float *kt, int32_t hd,
                            int32_t bs, float scale, float *s) {
+    if (n_rows == 1) {
+        scores_one_row(q[0], kt, hd, bs, scale, s);
+        return;
+    }
     int32_t j = 0;
     // 4 rows x 8 keys per pass: one K^T vector load feeds 4 FMAs.
     for (; j + 8 <= bs; j += 8) {
