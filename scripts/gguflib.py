@@ -23,6 +23,14 @@ import struct
 
 import numpy as np
 
+try:
+    from . import quants  # noqa: F401  (as a package)
+except ImportError:
+    import os as _os
+    import sys as _sys
+    _sys.path.insert(0, _os.path.dirname(_os.path.abspath(__file__)))
+    import quants  # noqa: E402
+
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSION = 3
 GGUF_DEFAULT_ALIGNMENT = 32
@@ -132,6 +140,8 @@ def dequantize(raw, ne, ggml_type):
         d = blocks[:, :2].copy().view("<f2").astype(np.float32)
         q = blocks[:, 2:].view(np.int8).astype(np.float32)
         out = (d * q).reshape(-1)
+    elif ggml_type in quants.FORMATS:
+        out = quants.dequantize_blocks(raw, ggml_type).astype(np.float32)
     else:
         raise GGUFError(f"cannot convert ggml type {GGML_TYPE_NAME.get(ggml_type, ggml_type)}")
     return out.reshape(shape)

@@ -11,5 +11,7 @@ int cmd_batch(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);    // server/cmd_quant.c
+int cmd_perplexity(int argc, char **argv);  // server/cmd_quant.c
 
 #endif

@@ -24,6 +24,8 @@ static const struct subcommand subcommands[] = {
     {"detokenize", cmd_detokenize, "print the text of the token ids on stdin"},
     {"batch", cmd_batch, "run many prompts from a JSONL file through the scheduler"},
     {"serve", cmd_serve, "serve the model over an OpenAI-compatible HTTP API"},
+    {"quantize", cmd_quantize, "convert a GGUF's weights to Q8_0, Q4_0, Q4_K_M, ..."},
+    {"perplexity", cmd_perplexity, "perplexity (and KL from a base model) over a text"},
 };
 
 static void usage(FILE *fp) {

@@ -16,6 +16,8 @@
 
 #include "engine/base/alloc.h"
 #include "engine/base/err.h"
+#define LOG_TAG "kern"
+#include "engine/base/log.h"
 #include "engine/kernels/kernels.h"
 #include "engine/threadpool.h"
 
@@ -31,6 +33,7 @@ int kern_scratch_init(struct kern_scratch *s, int32_t n_threads, int64_t max_k) 
     s->n_threads = n_threads;
     s->tile_rows = KERN_TILE_ROWS;
     s->max_k = max_k;
+    s->qdot_max_tokens = KERN_QDOT_MAX_TOKENS;
     s->tiles = calloc((size_t)n_threads, sizeof(float *));
     if (!s->tiles) return ERR_NOMEM;
     for (int32_t i = 0; i < n_threads; i++) {
@@ -45,6 +48,7 @@ void kern_scratch_free(struct kern_scratch *s) {
         for (int32_t i = 0; i < s->n_threads; i++) free(s->tiles[i]);
     }
     free(s->tiles);
+    free(s->act);
     memset(s, 0, sizeof(*s));
 }
 
@@ -54,7 +58,13 @@ struct matmul_job {
     const float *x;     // [n_tokens][k]
     int64_t n_tokens;
     float *y;           // [n_tokens][n]
+    const uint8_t *xq;  // [n_tokens][xq_row] activations in the partner type (integer path)
+    size_t xq_row;      // bytes of one quantized activation row
 };
+
+static bool is_quantized(enum quant_type t) {
+    return t != QUANT_F32 && t != QUANT_F16 && t != QUANT_BF16;
+}
 
 /* y[:, r0:r1] = x * W[r0:r1]^T for f32 weights rows w_rows (r1 - r0 rows of k). */
 static void gemm_rows(const float *x, int64_t n_tokens, const float *w_rows, int64_t n_rows,
@@ -92,7 +102,7 @@ static void matmul_slice(void *arg, int64_t r0, int64_t r1, int32_t ith, int32_t
     const struct tensor *w = j->w;
     const int64_t k = w->ne[0];
     const int64_t n = w->ne[1];
-    if (j->n_tokens <= KERN_GEMV_MAX_TOKENS) {
+    if (j->n_tokens <= KERN_GEMV_MAX_TOKENS && !is_quantized(w->type)) {
         gemv_rows(j, r0, r1);
         return;
     }
@@ -101,8 +111,9 @@ static void matmul_slice(void *arg, int64_t r0, int64_t r1, int32_t ith, int32_t
         return;
     }
     const struct kern_dispatch *kd = kern_get();
-    kern_to_f32_fn conv = w->type == QUANT_F16 ? kd->f16_to_f32 : kd->bf16_to_f32;
-    ASSERT(w->type == QUANT_F16 || w->type == QUANT_BF16);
+    kern_to_f32_fn conv = w->type == QUANT_F16    ? kd->f16_to_f32
+                          : w->type == QUANT_BF16 ? kd->bf16_to_f32
+                                                  : quant_traits(w->type)->to_f32;
     ASSERT(k <= j->scratch->max_k);
     float *tile = j->scratch->tiles[ith];  // [tile_rows][k]
     for (int64_t r = r0; r < r1; r += j->scratch->tile_rows) {
@@ -112,10 +123,79 @@ static void matmul_slice(void *arg, int64_t r0, int64_t r1, int32_t ith, int32_t
     }
 }
 
+/* Integer path: each weight row is read once and dotted with every token's
+ * quantized activations (which stay in L1). */
+static void qdot_slice(void *arg, int64_t r0, int64_t r1, int32_t ith, int32_t nth) {
+    (void)ith;
+    (void)nth;
+    const struct matmul_job *j = arg;
+    const struct tensor *w = j->w;
+    const int64_t k = w->ne[0];
+    const int64_t n = w->ne[1];
+    const kern_vec_dot_fn dot = kern_get()->vec_dot[w->type];
+    for (int64_t r = r0; r < r1; r++) {
+        const void *row = tensor_row(w, r);
+        for (int64_t t = 0; t < j->n_tokens; t++) {
+            j->y[t * n + r] = dot(row, j->xq + (size_t)t * j->xq_row, k);
+        }
+    }
+}
+
+/* Quantizes tokens [t0, t1) of x to the partner type (into act, integer path)
+ * or rounds them through it back to f32 (into act as floats, sgemm path). */
+static void act_slice(void *arg, int64_t t0, int64_t t1, int32_t ith, int32_t nth) {
+    (void)nth;
+    const struct matmul_job *j = arg;
+    const int64_t k = j->w->ne[0];
+    const struct quant_traits *vd = quant_traits(quant_traits(j->w->type)->vec_dot_type);
+    uint8_t *act = j->scratch->act;
+    for (int64_t t = t0; t < t1; t++) {
+        if (j->n_tokens <= j->scratch->qdot_max_tokens) {
+            vd->from_f32(j->x + t * k, act + (size_t)t * j->xq_row, k);
+        } else {
+            // the thread's tile holds the quantized row on its way back to f32
+            void *tmp = j->scratch->tiles[ith];
+            vd->from_f32(j->x + t * k, tmp, k);
+            vd->to_f32(tmp, (float *)act + t * k, k);
+        }
+    }
+}
+
+static void reserve_act(struct kern_scratch *s, size_t bytes) {
+    if (s->act_bytes >= bytes) return;
+    free(s->act);
+    s->act = malloc(bytes);
+    // NOTE: bounded by the ctx's batch (tokens x longest row); kern_matmul()
+    // has no error return, and this runs once per new batch-size maximum.
+    if (!s->act) {
+        LOG_ERROR("%s: cannot allocate %zu bytes of activations", __func__, bytes);
+        abort();
+    }
+    s->act_bytes = bytes;
+}
+
 void kern_matmul(struct threadpool *pool, struct kern_scratch *scratch, const struct tensor *w,
                  const float *x, int64_t n_tokens, float *y) {
     ASSERT(w->ne[2] == 1 && w->ne[3] == 1);
     struct matmul_job job = {.scratch = scratch, .w = w, .x = x, .n_tokens = n_tokens, .y = y};
+    if (!is_quantized(w->type)) {
+        threadpool_run(pool, w->ne[1], KERN_ROW_GRAIN, matmul_slice, &job);
+        return;
+    }
+    const int64_t k = w->ne[0];
+    const enum quant_type vd = quant_traits(w->type)->vec_dot_type;
+    ASSERT(kern_get()->vec_dot[w->type] && k <= scratch->max_k);
+    job.xq_row = quant_row_size(vd, k);
+    if (n_tokens <= scratch->qdot_max_tokens) {
+        reserve_act(scratch, (size_t)n_tokens * job.xq_row);
+        threadpool_run(pool, n_tokens, 1, act_slice, &job);
+        job.xq = scratch->act;
+        threadpool_run(pool, w->ne[1], KERN_ROW_GRAIN, qdot_slice, &job);
+        return;
+    }
+    reserve_act(scratch, (size_t)n_tokens * (size_t)k * sizeof(float));
+    threadpool_run(pool, n_tokens, 1, act_slice, &job);
+    job.x = scratch->act;
     threadpool_run(pool, w->ne[1], KERN_ROW_GRAIN, matmul_slice, &job);
 }
 

@@ -15,7 +15,74 @@ static struct kern_dispatch kern_table = {
     .dot_f32 = kern_ref_dot_f32,
     .dot_f16 = kern_ref_dot_f16,
     .dot_bf16 = kern_ref_dot_bf16,
+    .isa_quant = KERN_ISA_PORTABLE,
+    .vec_dot = {
+        [QUANT_Q4_0] = kern_ref_vec_dot_q4_0,
+        [QUANT_Q4_1] = kern_ref_vec_dot_q4_1,
+        [QUANT_Q5_0] = kern_ref_vec_dot_q5_0,
+        [QUANT_Q5_1] = kern_ref_vec_dot_q5_1,
+        [QUANT_Q8_0] = kern_ref_vec_dot_q8_0,
+        [QUANT_Q2_K] = kern_ref_vec_dot_q2_K,
+        [QUANT_Q3_K] = kern_ref_vec_dot_q3_K,
+        [QUANT_Q4_K] = kern_ref_vec_dot_q4_K,
+        [QUANT_Q5_K] = kern_ref_vec_dot_q5_K,
+        [QUANT_Q6_K] = kern_ref_vec_dot_q6_K,
+    },
 };
+
+enum kern_isa kern_isa_detect(void) {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") ||
+        !__builtin_cpu_supports("f16c")) {
+        return KERN_ISA_PORTABLE;
+    }
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
+        !__builtin_cpu_supports("avx512vl")) {
+        return KERN_ISA_AVX2;
+    }
+    return __builtin_cpu_supports("avx512vnni") ? KERN_ISA_VNNI : KERN_ISA_AVX512;
+}
+
+const char *kern_isa_name(enum kern_isa isa) {
+    switch (isa) {
+    case KERN_ISA_PORTABLE: return "portable";
+    case KERN_ISA_AVX2: return "avx2";
+    case KERN_ISA_AVX512: return "avx512";
+    case KERN_ISA_VNNI: return "avx512-vnni";
+    }
+    return "unknown";
+}
+
+void kern_vec_dot_table(enum kern_isa isa, kern_vec_dot_fn out[QUANT_TYPE_COUNT]) {
+    for (int t = 0; t < QUANT_TYPE_COUNT; t++) out[t] = NULL;
+    out[QUANT_Q4_0] = kern_ref_vec_dot_q4_0;
+    out[QUANT_Q4_1] = kern_ref_vec_dot_q4_1;
+    out[QUANT_Q5_0] = kern_ref_vec_dot_q5_0;
+    out[QUANT_Q5_1] = kern_ref_vec_dot_q5_1;
+    out[QUANT_Q8_0] = kern_ref_vec_dot_q8_0;
+    out[QUANT_Q2_K] = kern_ref_vec_dot_q2_K;
+    out[QUANT_Q3_K] = kern_ref_vec_dot_q3_K;
+    out[QUANT_Q4_K] = kern_ref_vec_dot_q4_K;
+    out[QUANT_Q5_K] = kern_ref_vec_dot_q5_K;
+    out[QUANT_Q6_K] = kern_ref_vec_dot_q6_K;
+    if (isa >= KERN_ISA_AVX2) {
+        out[QUANT_Q4_0] = kern_avx2_vec_dot_q4_0;
+        out[QUANT_Q4_1] = kern_avx2_vec_dot_q4_1;
+        out[QUANT_Q5_0] = kern_avx2_vec_dot_q5_0;
+        out[QUANT_Q5_1] = kern_avx2_vec_dot_q5_1;
+        out[QUANT_Q8_0] = kern_avx2_vec_dot_q8_0;
+        out[QUANT_Q4_K] = kern_avx2_vec_dot_q4_K;
+        out[QUANT_Q6_K] = kern_avx2_vec_dot_q6_K;
+    }
+    if (isa >= KERN_ISA_AVX512) {
+        out[QUANT_Q4_0] = kern_avx512_vec_dot_q4_0;
+        out[QUANT_Q8_0] = kern_avx512_vec_dot_q8_0;
+    }
+    if (isa >= KERN_ISA_VNNI) {
+        out[QUANT_Q4_0] = kern_vnni_vec_dot_q4_0;
+        out[QUANT_Q8_0] = kern_vnni_vec_dot_q8_0;
+    }
+}
 
 const struct kern_dispatch *kern_dispatch_init(bool force_portable) {
     struct kern_dispatch t = {
@@ -36,6 +103,8 @@ const struct kern_dispatch *kern_dispatch_init(bool force_portable) {
         t.dot_f16 = kern_avx2_dot_f16;
         t.dot_bf16 = kern_avx2_dot_bf16;
     }
+    t.isa_quant = force_portable ? KERN_ISA_PORTABLE : kern_isa_detect();
+    kern_vec_dot_table(t.isa_quant, t.vec_dot);
     kern_table = t;
     atomic_thread_fence(memory_order_release);
     return &kern_table;

@@ -26,6 +26,19 @@ struct threadpool;
 /* Converts n elements of a row of type t (f32, f16, bf16) to f32. */
 typedef void (*kern_to_f32_fn)(const void *restrict src, float *restrict dst, int64_t n);
 
+/* Dot product of one weight row of n elements (n a multiple of the type's
+ * block size) with one activation row quantized to the weight type's partner
+ * (quant_traits(t)->vec_dot_type: q8_0, q8_1 or q8_K). */
+typedef float (*kern_vec_dot_fn)(const void *restrict w, const void *restrict xq, int64_t n);
+
+/* Instruction-set levels for the quantized kernels, lowest first. */
+enum kern_isa {
+    KERN_ISA_PORTABLE = 0,
+    KERN_ISA_AVX2 = 1,     // AVX2 + FMA + F16C
+    KERN_ISA_AVX512 = 2,   // + AVX-512 F, BW, VL
+    KERN_ISA_VNNI = 3,     // + AVX-512 VNNI
+};
+
 /* The chosen paths; filled once by kern_dispatch_init(), then read-only. */
 struct kern_dispatch {
     const char *isa;              // "avx512", "avx2", "portable"
@@ -35,7 +48,19 @@ struct kern_dispatch {
     // dot of a weight row of f16 / bf16 elements with f32 activations
     float (*dot_f16)(const void *restrict w, const float *restrict x, int64_t n);
     float (*dot_bf16)(const void *restrict w, const float *restrict x, int64_t n);
+    enum kern_isa isa_quant;                       // level of the vec_dot entries
+    kern_vec_dot_fn vec_dot[QUANT_TYPE_COUNT];     // by weight type; NULL: none
 };
+
+/* The highest level this CPU supports (CPUID), whatever was dispatched. */
+enum kern_isa kern_isa_detect(void);
+
+/* The vec_dot table of one level (tests run every level the CPU has against
+ * KERN_ISA_PORTABLE); entries a level lacks fall back to the level below. */
+void kern_vec_dot_table(enum kern_isa isa, kern_vec_dot_fn out[QUANT_TYPE_COUNT]);
+
+/* Name of a level: "portable", "avx2", "avx512", "avx512-vnni". */
+const char *kern_isa_name(enum kern_isa isa);
 
 /* Detects the CPU and returns the table (idempotent; thread-safe after the first
  * call returns; call it once at start-up). force_portable selects the reference
@@ -52,21 +77,64 @@ float kern_ref_dot_f32(const float *restrict a, const float *restrict b, int64_t
 float kern_ref_dot_f16(const void *restrict w, const float *restrict x, int64_t n);
 float kern_ref_dot_bf16(const void *restrict w, const float *restrict x, int64_t n);
 
+float kern_ref_vec_dot_q4_0(const void *restrict w, const void *restrict xq, int64_t n);
+float kern_ref_vec_dot_q4_1(const void *restrict w, const void *restrict xq, int64_t n);
+float kern_ref_vec_dot_q5_0(const void *restrict w, const void *restrict xq, int64_t n);
+float kern_ref_vec_dot_q5_1(const void *restrict w, const void *restrict xq, int64_t n);
+float kern_ref_vec_dot_q8_0(const void *restrict w, const void *restrict xq, int64_t n);
+float kern_ref_vec_dot_q2_K(const void *restrict w, const void *restrict xq, int64_t n);
+float kern_ref_vec_dot_q3_K(const void *restrict w, const void *restrict xq, int64_t n);
+float kern_ref_vec_dot_q4_K(const void *restrict w, const void *restrict xq, int64_t n);
+float kern_ref_vec_dot_q5_K(const void *restrict w, const void *restrict xq, int64_t n);
+float kern_ref_vec_dot_q6_K(const void *restrict w, const void *restrict xq, int64_t n);
+
 /* AVX2 + F16C + FMA paths (kernels/avx2.c); call only when the CPU has them. */
 void kern_avx2_f16_to_f32(const void *restrict src, float *restrict dst, int64_t n);
 void kern_avx2_bf16_to_f32(const void *restrict src, float *restrict dst, int64_t n);
 float kern_avx2_dot_f32(const float *restrict a, const float *restrict b, int64_t n);
 float kern_avx2_dot_f16(const void *restrict w, const float *restrict x, int64_t n);
 float kern_avx2_dot_bf16(const void *restrict w, const float *restrict x, int64_t n);
+float kern_avx2_vec_dot_q4_0(const void *restrict w, const void *restrict xq, int64_t n);
+float kern_avx2_vec_dot_q4_1(const void *restrict w, const void *restrict xq, int64_t n);
+float kern_avx2_vec_dot_q5_0(const void *restrict w, const void *restrict xq, int64_t n);
+float kern_avx2_vec_dot_q5_1(const void *restrict w, const void *restrict xq, int64_t n);
+float kern_avx2_vec_dot_q8_0(const void *restrict w, const void *restrict xq, int64_t n);
+float kern_avx2_vec_dot_q4_K(const void *restrict w, const void *restrict xq, int64_t n);
+float kern_avx2_vec_dot_q6_K(const void *restrict w, const void *restrict xq, int64_t n);
+
+/* AVX-512 F/BW/VL paths and their VNNI twins (kernels/avx512.c, built twice). */
+float kern_avx512_vec_dot_q4_0(const void *restrict w, const void *restrict xq, int64_t n);
+float kern_avx512_vec_dot_q8_0(const void *restrict w, const void *restrict xq, int64_t n);
+float kern_vnni_vec_dot_q4_0(const void *restrict w, const void *restrict xq, int64_t n);
+float kern_vnni_vec_dot_q8_0(const void *restrict w, const void *restrict xq, int64_t n);
 
 /* ---- matrix products (kernels/blas.c) -------------------------------------- */
 
-/* Per-thread conversion tiles for f16/bf16 weights; owned by the ctx. */
+/* Quantized weights multiply by integer dot products against activations
+ * rounded to 8 bits per block, at every batch size by default: each (row,
+ * token) result is then computed by the same code from the same operands,
+ * whatever else is in the batch, so greedy outputs are batch-invariant. The
+ * alternative, dequantizing weight tiles into sgemm, gives the same product up
+ * to float rounding, but a rounding difference before an activation is cut to
+ * 8 bits moves it a whole step, which can flip a near-tie between tokens. It
+ * is kept for batches above kern_scratch.qdot_max_tokens (measured against
+ * the integer path in docs/quantization.md). */
+#define KERN_QDOT_MAX_TOKENS INT32_MAX
+
+/* Per-thread conversion tiles for f16/bf16/quantized weights, and the
+ * activations of quantized matmuls; owned by the ctx. */
 struct kern_scratch {
     int32_t n_threads;
     int32_t tile_rows;   // weight rows converted per tile
     int64_t max_k;       // longest weight row (elements)
     float **tiles;       // [n_threads][tile_rows * max_k], owned
+    // [n_tokens] rows of quantized activations, or of f32 activations rounded
+    // through the quantized type (prefill); owned. Grown by kern_matmul() on the
+    // first batch that needs more (bounded by the ctx's batch size), so a
+    // running server stops allocating after its largest step.
+    void *act;
+    size_t act_bytes;
+    int32_t qdot_max_tokens;  // integer path up to this many tokens (KERN_QDOT_MAX_TOKENS)
 };
 
 /* Allocates tiles for rows of up to max_k elements. Returns 0 or ERR_NOMEM. */
@@ -74,7 +142,13 @@ int kern_scratch_init(struct kern_scratch *s, int32_t n_threads, int64_t max_k);
 void kern_scratch_free(struct kern_scratch *s);  // safe on a zeroed struct
 
 /* y[n_tokens][n_out] = x[n_tokens][n_in] * W^T, with W a [n_in, n_out] tensor
- * (n_out rows of n_in elements) of type f32, f16 or bf16. The output rows of W
+ * (n_out rows of n_in elements) of type f32, f16 or bf16, or a quantized type
+ * (quant_is_supported()). Quantized weights: every token's activations are
+ * first rounded to the weight's partner type (q8_0/q8_1/q8_K, per token, so a
+ * token's result does not depend on its batch); up to KERN_QDOT_MAX_TOKENS
+ * tokens then use integer row dots (kern_get()->vec_dot), more use the same
+ * rounded activations in f32 against dequantized weight tiles in sgemm. Both
+ * compute dequant(W) . dequant(q8(x)) up to float rounding. The output rows of W
  * are split across the pool's threads. Up to KERN_GEMV_MAX_TOKENS tokens (decode)
  * use our own row-dot kernels, which read each weight row once straight from
  * the mapping in its own type (memory-bound: fewer bytes is faster); more

@@ -34,3 +34,204 @@ float kern_ref_dot_bf16(const void *restrict w, const float *restrict x, int64_t
     for (int64_t i = 0; i < n; i++) sum += quant_bf16_to_f32(h[i]) * x[i];
     return sum;
 }
+
+/* ---- quantized dot products: weight row x activation row of its partner type
+ * (quant_traits()->vec_dot_type). Integer sums per (sub-)block, one float
+ * multiply-add per block; the SIMD paths compute the same integer sums. */
+
+static float h2f(uint16_t h) { return quant_f16_to_f32(h); }
+
+float kern_ref_vec_dot_q8_0(const void *restrict w, const void *restrict xq, int64_t n) {
+    const struct block_q8_0 *a = w;
+    const struct block_q8_0 *b = xq;
+    float sum = 0.0f;
+    for (int64_t ib = 0; ib < n / QK8_0; ib++) {
+        int32_t s = 0;
+        for (int l = 0; l < QK8_0; l++) s += a[ib].qs[l] * b[ib].qs[l];
+        sum += h2f(a[ib].d) * h2f(b[ib].d) * (float)s;
+    }
+    return sum;
+}
+
+float kern_ref_vec_dot_q4_0(const void *restrict w, const void *restrict xq, int64_t n) {
+    const struct block_q4_0 *a = w;
+    const struct block_q8_0 *b = xq;
+    float sum = 0.0f;
+    for (int64_t ib = 0; ib < n / QK4_0; ib++) {
+        int32_t s = 0;
+        for (int l = 0; l < 16; l++) {
+            s += ((a[ib].qs[l] & 15) - 8) * b[ib].qs[l];
+            s += ((a[ib].qs[l] >> 4) - 8) * b[ib].qs[l + 16];
+        }
+        sum += h2f(a[ib].d) * h2f(b[ib].d) * (float)s;
+    }
+    return sum;
+}
+
+float kern_ref_vec_dot_q4_1(const void *restrict w, const void *restrict xq, int64_t n) {
+    const struct block_q4_1 *a = w;
+    const struct block_q8_1 *b = xq;
+    float sum = 0.0f;
+    for (int64_t ib = 0; ib < n / QK4_1; ib++) {
+        int32_t s = 0, sx = 0;
+        for (int l = 0; l < 16; l++) {
+            s += (a[ib].qs[l] & 15) * b[ib].qs[l];
+            s += (a[ib].qs[l] >> 4) * b[ib].qs[l + 16];
+            sx += b[ib].qs[l] + b[ib].qs[l + 16];
+        }
+        // NOTE: the min term uses the exact sum of qs, not the f16 s field, so
+        // the result equals the dot of the dequantized rows (as the sgemm path).
+        const float dx = h2f(b[ib].d);
+        sum += dx * (h2f(a[ib].d) * (float)s + h2f(a[ib].m) * (float)sx);
+    }
+    return sum;
+}
+
+static uint32_t qh_bits(const uint8_t qh[4]) {
+    return (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
+}
+
+float kern_ref_vec_dot_q5_0(const void *restrict w, const void *restrict xq, int64_t n) {
+    const struct block_q5_0 *a = w;
+    const struct block_q8_0 *b = xq;
+    float sum = 0.0f;
+    for (int64_t ib = 0; ib < n / QK5_0; ib++) {
+        const uint32_t qh = qh_bits(a[ib].qh);
+        int32_t s = 0;
+        for (int l = 0; l < 16; l++) {
+            int lo = (a[ib].qs[l] & 15) | (int)((qh >> l) & 1) << 4;
+            int hi = (a[ib].qs[l] >> 4) | (int)((qh >> (l + 16)) & 1) << 4;
+            s += (lo - 16) * b[ib].qs[l] + (hi - 16) * b[ib].qs[l + 16];
+        }
+        sum += h2f(a[ib].d) * h2f(b[ib].d) * (float)s;
+    }
+    return sum;
+}
+
+float kern_ref_vec_dot_q5_1(const void *restrict w, const void *restrict xq, int64_t n) {
+    const struct block_q5_1 *a = w;
+    const struct block_q8_1 *b = xq;
+    float sum = 0.0f;
+    for (int64_t ib = 0; ib < n / QK5_1; ib++) {
+        const uint32_t qh = qh_bits(a[ib].qh);
+        int32_t s = 0, sx = 0;
+        for (int l = 0; l < 16; l++) {
+            int lo = (a[ib].qs[l] & 15) | (int)((qh >> l) & 1) << 4;
+            int hi = (a[ib].qs[l] >> 4) | (int)((qh >> (l + 16)) & 1) << 4;
+            s += lo * b[ib].qs[l] + hi * b[ib].qs[l + 16];
+            sx += b[ib].qs[l] + b[ib].qs[l + 16];
+        }
+        const float dx = h2f(b[ib].d);
+        sum += dx * (h2f(a[ib].d) * (float)s + h2f(a[ib].m) * (float)sx);
+    }
+    return sum;
+}
+
+float kern_ref_vec_dot_q2_K(const void *restrict w, const void *restrict xq, int64_t n) {
+    const struct block_q2_K *a = w;
+    const struct block_q8_K *b = xq;
+    float sum = 0.0f;
+    for (int64_t ib = 0; ib < n / QK_K; ib++) {
+        int32_t s = 0, smin = 0;
+        for (int j = 0; j < 16; j++) {
+            int32_t sj = 0;
+            for (int l = 0; l < 16; l++) {
+                int i = 16 * j + l;
+                int q = (a[ib].qs[32 * (i / 128) + i % 32] >> (2 * ((i % 128) / 32))) & 3;
+                sj += q * b[ib].qs[i];
+            }
+            s += (a[ib].scales[j] & 15) * sj;
+            smin += (a[ib].scales[j] >> 4) * b[ib].bsums[j];
+        }
+        sum += b[ib].d * (h2f(a[ib].d) * (float)s - h2f(a[ib].dmin) * (float)smin);
+    }
+    return sum;
+}
+
+float kern_ref_vec_dot_q3_K(const void *restrict w, const void *restrict xq, int64_t n) {
+    const struct block_q3_K *a = w;
+    const struct block_q8_K *b = xq;
+    float sum = 0.0f;
+    for (int64_t ib = 0; ib < n / QK_K; ib++) {
+        const uint8_t *sc = a[ib].scales;
+        int32_t s = 0;
+        for (int j = 0; j < 16; j++) {
+            int scale = (((sc[j % 8] >> (4 * (j / 8))) & 15) | ((sc[8 + j % 4] >> (2 * (j / 4))) & 3) << 4) - 32;
+            int32_t sj = 0;
+            for (int l = 0; l < 16; l++) {
+                int i = 16 * j + l;
+                int q = (a[ib].qs[32 * (i / 128) + i % 32] >> (2 * ((i % 128) / 32))) & 3;
+                q |= ((a[ib].hmask[i % 32] >> (i / 32)) & 1) << 2;
+                sj += (q - 4) * b[ib].qs[i];
+            }
+            s += scale * sj;
+        }
+        sum += b[ib].d * h2f(a[ib].d) * (float)s;
+    }
+    return sum;
+}
+
+float kern_ref_vec_dot_q4_K(const void *restrict w, const void *restrict xq, int64_t n) {
+    const struct block_q4_K *a = w;
+    const struct block_q8_K *b = xq;
+    float sum = 0.0f;
+    for (int64_t ib = 0; ib < n / QK_K; ib++) {
+        int32_t s = 0, smin = 0;
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, m;
+            quant_get_scale_min_k4(j, a[ib].scales, &sc, &m);
+            const uint8_t *q = a[ib].qs + 32 * (j / 2);
+            int32_t sj = 0;
+            for (int l = 0; l < 32; l++) sj += ((q[l] >> (4 * (j % 2))) & 15) * b[ib].qs[32 * j + l];
+            s += sc * sj;
+            smin += m * (b[ib].bsums[2 * j] + b[ib].bsums[2 * j + 1]);
+        }
+        sum += b[ib].d * (h2f(a[ib].d) * (float)s - h2f(a[ib].dmin) * (float)smin);
+    }
+    return sum;
+}
+
+float kern_ref_vec_dot_q5_K(const void *restrict w, const void *restrict xq, int64_t n) {
+    const struct block_q5_K *a = w;
+    const struct block_q8_K *b = xq;
+    float sum = 0.0f;
+    for (int64_t ib = 0; ib < n / QK_K; ib++) {
+        int32_t s = 0, smin = 0;
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, m;
+            quant_get_scale_min_k4(j, a[ib].scales, &sc, &m);
+            const uint8_t *q = a[ib].qs + 32 * (j / 2);
+            int32_t sj = 0;
+            for (int l = 0; l < 32; l++) {
+                int v = ((q[l] >> (4 * (j % 2))) & 15) | ((a[ib].qh[l] >> j) & 1) << 4;
+                sj += v * b[ib].qs[32 * j + l];
+            }
+            s += sc * sj;
+            smin += m * (b[ib].bsums[2 * j] + b[ib].bsums[2 * j + 1]);
+        }
+        sum += b[ib].d * (h2f(a[ib].d) * (float)s - h2f(a[ib].dmin) * (float)smin);
+    }
+    return sum;
+}
+
+float kern_ref_vec_dot_q6_K(const void *restrict w, const void *restrict xq, int64_t n) {
+    const struct block_q6_K *a = w;
+    const struct block_q8_K *b = xq;
+    float sum = 0.0f;
+    for (int64_t ib = 0; ib < n / QK_K; ib++) {
+        int32_t s = 0;
+        for (int j = 0; j < 16; j++) {
+            int32_t sj = 0;
+            for (int l = 0; l < 16; l++) {
+                int i = 16 * j + l;
+                int h = i / 128, c = (i % 128) / 32, e = i % 32;
+                int lo = (a[ib].ql[64 * h + e + 32 * (c % 2)] >> (4 * (c / 2))) & 15;
+                int hi = (a[ib].qh[32 * h + e] >> (2 * c)) & 3;
+                sj += ((lo | hi << 4) - 32) * b[ib].qs[i];
+            }
+            s += a[ib].scales[j] * sj;
+        }
+        sum += b[ib].d * h2f(a[ib].d) * (float)s;
+    }
+    return sum;
+}

@@ -2,6 +2,11 @@
  * test_kernels.c - every SIMD path present on this machine against the
  * portable reference, and kern_matmul (row-dot decode path and sgemm prefill
  * path, f32/f16/bf16 weights) against a float64 matrix product.
+ * Quantized weights: every vec_dot level the CPU has (portable, AVX2, AVX-512,
+ * VNNI) against the portable one and against float64 over the dequantized
+ * operands; kern_matmul on quantized weights (integer and sgemm paths) against
+ * float64 over dequant(W) and dequant(q8(x)), and against the f32 product
+ * within the per-format tolerance of docs/quantization.md.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -137,11 +142,173 @@ static void test_kernels_matmul_matches_float64(void **state) {
     threadpool_free(pool);
 }
 
+static const enum quant_type qtypes[] = {QUANT_Q4_0, QUANT_Q4_1, QUANT_Q5_0, QUANT_Q5_1,
+                                         QUANT_Q8_0, QUANT_Q2_K, QUANT_Q3_K, QUANT_Q4_K,
+                                         QUANT_Q5_K, QUANT_Q6_K};
+#define N_QTYPES (sizeof(qtypes) / sizeof(qtypes[0]))
+
+static void test_kernels_vec_dots_every_isa_match_portable(void **state) {
+    (void)state;
+    const enum kern_isa top = kern_isa_detect();
+    print_message("quantized kernels: cpu has up to %s\n", kern_isa_name(top));
+    kern_vec_dot_fn ref[QUANT_TYPE_COUNT];
+    kern_vec_dot_table(KERN_ISA_PORTABLE, ref);
+    const int64_t sizes[] = {256, 512, 768, 2048 + 256};
+    for (size_t ti = 0; ti < N_QTYPES; ti++) {
+        const enum quant_type t = qtypes[ti];
+        const struct quant_traits *tr = quant_traits(t);
+        const struct quant_traits *vd = quant_traits(tr->vec_dot_type);
+        for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+            const int64_t n = sizes[si];
+            float *w = malloc((size_t)n * sizeof(float));
+            float *x = malloc((size_t)n * sizeof(float));
+            float *wd = malloc((size_t)n * sizeof(float));
+            float *xd = malloc((size_t)n * sizeof(float));
+            void *wq = malloc(quant_row_size(t, n));
+            void *xq = malloc(quant_row_size(tr->vec_dot_type, n));
+            for (int64_t i = 0; i < n; i++) {
+                w[i] = frand();
+                x[i] = frand() * (i % 7 == 0 ? 4.0f : 1.0f);
+            }
+            tr->from_f32(w, wq, n);
+            vd->from_f32(x, xq, n);
+            tr->to_f32(wq, wd, n);
+            vd->to_f32(xq, xd, n);
+            double exact = 0.0, mag = 0.0;
+            for (int64_t i = 0; i < n; i++) {
+                exact += (double)wd[i] * xd[i];
+                mag += fabs((double)wd[i] * xd[i]);
+            }
+            const float want = ref[t](wq, xq, n);
+            // the same integer sums: only the float order of block sums differs
+            if (fabs(want - exact) > 1e-5 * (mag + 1.0)) {
+                fail_msg("%s n=%lld portable %g, float64 %g", tr->name, (long long)n,
+                         (double)want, exact);
+            }
+            for (int isa = KERN_ISA_AVX2; isa <= (int)top; isa++) {
+                kern_vec_dot_fn tab[QUANT_TYPE_COUNT];
+                kern_vec_dot_table((enum kern_isa)isa, tab);
+                const float got = tab[t](wq, xq, n);
+                if (fabs(got - want) > 1e-5 * (mag + 1.0)) {
+                    fail_msg("%s n=%lld %s %g, portable %g", tr->name, (long long)n,
+                             kern_isa_name((enum kern_isa)isa), (double)got, (double)want);
+                }
+            }
+            free(w);
+            free(x);
+            free(wd);
+            free(xd);
+            free(wq);
+            free(xq);
+        }
+    }
+}
+
+/* Largest |y - y_f32| / rms(y_f32) of a quantized matmul against the f32
+ * product of the unquantized weights (docs/quantization.md). */
+static double matmul_tolerance(enum quant_type t) {
+    switch (t) {
+    case QUANT_Q8_0: return 0.03;
+    case QUANT_Q6_K: return 0.08;
+    case QUANT_Q5_0: case QUANT_Q5_1: case QUANT_Q5_K: return 0.18;
+    case QUANT_Q4_0: case QUANT_Q4_1: case QUANT_Q4_K: return 0.35;
+    case QUANT_Q3_K: return 0.6;
+    case QUANT_Q2_K: return 1.2;
+    default: return 0.0;
+    }
+}
+
+static void check_qmatmul(struct threadpool *pool, enum quant_type t, int64_t k, int64_t n,
+                          int64_t n_tokens, int32_t qdot_max_tokens) {
+    const struct quant_traits *tr = quant_traits(t);
+    const struct quant_traits *vd = quant_traits(tr->vec_dot_type);
+    float *wf = malloc((size_t)(k * n) * sizeof(float));
+    float *wd = malloc((size_t)(k * n) * sizeof(float));
+    uint8_t *data = malloc(quant_row_size(t, k) * (size_t)n);
+    for (int64_t i = 0; i < k * n; i++) wf[i] = frand();
+    for (int64_t r = 0; r < n; r++) {
+        tr->from_f32(wf + r * k, data + (size_t)r * quant_row_size(t, k), k);
+        tr->to_f32(data + (size_t)r * quant_row_size(t, k), wd + r * k, k);
+    }
+    struct tensor w = {.type = t, .n_dims = 2, .ne = {k, n, 1, 1},
+                       .row_bytes = quant_row_size(t, k), .data = data};
+    float *x = malloc((size_t)(n_tokens * k) * sizeof(float));
+    float *xd = malloc((size_t)(n_tokens * k) * sizeof(float));
+    void *xq = malloc(quant_row_size(tr->vec_dot_type, k));
+    float *y = malloc((size_t)(n_tokens * n) * sizeof(float));
+    for (int64_t i = 0; i < n_tokens * k; i++) x[i] = frand();
+    for (int64_t tt = 0; tt < n_tokens; tt++) {
+        vd->from_f32(x + tt * k, xq, k);
+        vd->to_f32(xq, xd + tt * k, k);
+    }
+    struct kern_scratch ks;
+    assert_int_equal(kern_scratch_init(&ks, threadpool_n_threads(pool), k), 0);
+    ks.qdot_max_tokens = qdot_max_tokens;
+    kern_matmul(pool, &ks, &w, x, n_tokens, y);
+    double se = 0.0, s2 = 0.0, max_dev = 0.0;
+    for (int64_t tt = 0; tt < n_tokens; tt++) {
+        for (int64_t r = 0; r < n; r++) {
+            double e = 0.0, mag = 0.0, f = 0.0;
+            for (int64_t i = 0; i < k; i++) {
+                e += (double)xd[tt * k + i] * wd[r * k + i];
+                mag += fabs((double)xd[tt * k + i] * wd[r * k + i]);
+                f += (double)x[tt * k + i] * wf[r * k + i];
+            }
+            double got = y[tt * n + r];
+            if (fabs(got - e) > 1e-5 * (mag + 1.0)) {
+                fail_msg("%s k=%lld n=%lld tokens=%lld: y[%lld][%lld] = %g, expected %g",
+                         tr->name, (long long)k, (long long)n, (long long)n_tokens,
+                         (long long)tt, (long long)r, got, e);
+            }
+            se += (got - f) * (got - f);
+            s2 += f * f;
+            if (fabs(got - f) > max_dev) max_dev = fabs(got - f);
+        }
+    }
+    const double rms = sqrt(s2 / (double)(n_tokens * n));
+    if (max_dev / rms > matmul_tolerance(t)) {
+        fail_msg("%s: max deviation from f32 %.4f of rms, tolerance %.4f", tr->name,
+                 max_dev / rms, matmul_tolerance(t));
+    }
+    kern_scratch_free(&ks);
+    free(wf);
+    free(wd);
+    free(data);
+    free(x);
+    free(xd);
+    free(xq);
+    free(y);
+}
+
+static void test_kernels_quantized_matmul_matches_float64(void **state) {
+    (void)state;
+    struct threadpool *pool = threadpool_create(2);
+    assert_non_null(pool);
+    const int64_t tokens[] = {1, 3, 16, 17, 40};  // sgemm path: from 1 token (qmax 0) or 17
+    for (int portable = 0; portable < 2; portable++) {
+        kern_dispatch_init(portable == 1);
+        for (size_t ti = 0; ti < N_QTYPES; ti++) {
+            for (size_t ni = 0; ni < sizeof(tokens) / sizeof(tokens[0]); ni++) {
+                // the default (integer dots at every size), and the sgemm path
+                for (int path = 0; path < 2; path++) {
+                    int32_t qmax = path ? (tokens[ni] < 16 ? 0 : 16) : KERN_QDOT_MAX_TOKENS;
+                    check_qmatmul(pool, qtypes[ti], 256, 67, tokens[ni], qmax);
+                    check_qmatmul(pool, qtypes[ti], 512, 130, tokens[ni], qmax);
+                }
+            }
+        }
+    }
+    kern_dispatch_init(false);
+    threadpool_free(pool);
+}
+
 int main(void) {
     kern_blas_init();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kernels_simd_dots_match_reference),
         cmocka_unit_test(test_kernels_matmul_matches_float64),
+        cmocka_unit_test(test_kernels_vec_dots_every_isa_match_portable),
+        cmocka_unit_test(test_kernels_quantized_matmul_matches_float64),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

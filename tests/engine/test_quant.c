@@ -4,7 +4,10 @@
  * Oracles: f16 values are computed from the IEEE 754 binary16 definition
  * with ldexp; rounding cases are built from exact midpoints between adjacent
  * f16/bf16 values, which round to the even neighbour (round to nearest even);
- * block sizes come from the ggml block structs as the GGUF spec lists them.
+ * block sizes come from the ggml block structs as the GGUF spec lists them;
+ * dequantization of every block format against scripts/quants.py (numpy,
+ * written from the layouts) over random blocks; quantize -> dequantize round
+ * trips within the per-format bounds of docs/quantization.md.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,9 +17,11 @@
 
 #include <float.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "engine/quant.h"
+#include "tests/helpers/testutil.h"
 
 static uint32_t f32_bits(float f) {
     uint32_t u;
@@ -237,6 +242,143 @@ static void test_quant_traits_reject_removed_and_unknown_ids(void **state) {
     }
 }
 
+/* Every block format against the numpy oracle, over random blocks (build
+ * product tests/models/quant_vectors.bin, scripts/quants.py vectors). */
+static void test_quant_dequant_matches_numpy_oracle(void **state) {
+    (void)state;
+    const char *path = testutil_path(testutil_build_dir(), "tests/models/quant_vectors.bin");
+    size_t len = 0;
+    char *buf = testutil_read_file(path, &len);
+    assert_non_null(buf);
+    size_t off = 0;
+    int n_formats = 0;
+    while (off < len) {
+        uint32_t hdr[2];
+        assert_true(off + 8 <= len);
+        memcpy(hdr, buf + off, 8);
+        off += 8;
+        const struct quant_traits *tr = quant_traits(hdr[0]);
+        assert_non_null(tr);
+        assert_non_null(tr->to_f32);
+        const size_t raw_bytes = hdr[1] * tr->type_size;
+        const int64_t n = (int64_t)hdr[1] * tr->block_size;
+        assert_true(off + raw_bytes + (size_t)n * 4 <= len);
+        const void *raw = buf + off;
+        float *want = malloc((size_t)n * sizeof(float));
+        float *got = malloc((size_t)n * sizeof(float));
+        memcpy(want, buf + off + raw_bytes, (size_t)n * 4);
+        tr->to_f32(raw, got, n);
+        for (int64_t i = 0; i < n; i++) {
+            // numpy computes in float64: allow a few float32 roundings
+            double tol = 4e-7 * fabs((double)want[i]) + 1e-9;
+            if (fabs((double)got[i] - want[i]) > tol) {
+                fail_msg("%s element %lld: got %.9g, numpy %.9g", tr->name, (long long)i,
+                         (double)got[i], (double)want[i]);
+            }
+        }
+        free(want);
+        free(got);
+        off += raw_bytes + (size_t)n * 4;
+        n_formats++;
+    }
+    assert_int_equal(n_formats, 10);
+    free(buf);
+}
+
+static uint64_t rt_state = 42;
+static double gauss(void) {  // Box-Muller over a 64-bit LCG
+    rt_state = rt_state * 6364136223846793005ull + 1442695040888963407ull;
+    double u1 = ((double)(rt_state >> 11) + 0.5) / 9007199254740992.0;
+    rt_state = rt_state * 6364136223846793005ull + 1442695040888963407ull;
+    double u2 = (double)(rt_state >> 11) / 9007199254740992.0;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+/* Relative RMS error bounds of a quantize -> dequantize round trip of
+ * Gaussian data (docs/quantization.md): about 1.2x the measured values. */
+static const struct {
+    enum quant_type type;
+    double max_rel_rmse;
+} round_trip_bounds[] = {
+    {QUANT_Q8_0, 0.0065}, {QUANT_Q8_1, 0.0065}, {QUANT_Q8_K, 0.0085},
+    {QUANT_Q6_K, 0.0215}, {QUANT_Q5_0, 0.0490}, {QUANT_Q5_1, 0.0450},
+    {QUANT_Q5_K, 0.0440}, {QUANT_Q4_0, 0.0980}, {QUANT_Q4_1, 0.0930},
+    {QUANT_Q4_K, 0.0870}, {QUANT_Q3_K, 0.1750}, {QUANT_Q2_K, 0.3300},
+    {QUANT_F16, 0.0003},  {QUANT_BF16, 0.0020}, {QUANT_F32, 0.0},
+};
+
+static void test_quant_round_trip_error_within_bounds(void **state) {
+    (void)state;
+    const int64_t n = 256 * 64;
+    float *x = malloc((size_t)n * sizeof(float));
+    float *y = malloc((size_t)n * sizeof(float));
+    void *q = malloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) x[i] = (float)gauss();
+    for (size_t k = 0; k < sizeof(round_trip_bounds) / sizeof(round_trip_bounds[0]); k++) {
+        const struct quant_traits *tr = quant_traits(round_trip_bounds[k].type);
+        assert_non_null(tr->from_f32);
+        tr->from_f32(x, q, n);
+        tr->to_f32(q, y, n);
+        double se = 0, sx = 0;
+        for (int64_t i = 0; i < n; i++) {
+            se += ((double)y[i] - x[i]) * ((double)y[i] - x[i]);
+            sx += (double)x[i] * x[i];
+        }
+        double rel = sqrt(se / sx);
+        print_message("%-5s relative rmse %.5f (bound %.4f)\n", tr->name, rel,
+                      round_trip_bounds[k].max_rel_rmse);
+        assert_true(rel <= round_trip_bounds[k].max_rel_rmse);
+    }
+    free(x);
+    free(y);
+    free(q);
+}
+
+/* Zeros, constants and one outlier per block: no NaN, zeros stay zero, and
+ * the extreme element of a symmetric format comes back within its step. */
+static void test_quant_round_trip_edge_blocks(void **state) {
+    (void)state;
+    const int64_t n = 256;
+    float x[256], y[256];
+    uint8_t q[256 * 4];
+    for (int t = 0; t < QUANT_TYPE_COUNT; t++) {
+        const struct quant_traits *tr = quant_traits((uint32_t)t);
+        if (!tr || !tr->from_f32) continue;
+        for (int pattern = 0; pattern < 3; pattern++) {
+            for (int64_t i = 0; i < n; i++) {
+                x[i] = pattern == 0 ? 0.0f : pattern == 1 ? 0.75f : (i % 37 == 0 ? 50.0f : 0.01f);
+            }
+            tr->from_f32(x, q, n);
+            tr->to_f32(q, y, n);
+            for (int64_t i = 0; i < n; i++) {
+                assert_false(isnan(y[i]));
+                if (pattern == 0) assert_true(y[i] == 0.0f);
+                if (pattern == 2 && x[i] == 50.0f) assert_true(fabsf(y[i] - 50.0f) < 0.6f * 50.0f);
+            }
+        }
+    }
+}
+
+static void test_quant_type_from_name(void **state) {
+    (void)state;
+    assert_int_equal(quant_type_from_name("q4_K"), QUANT_Q4_K);
+    assert_int_equal(quant_type_from_name("Q4_K"), QUANT_Q4_K);
+    assert_int_equal(quant_type_from_name("F16"), QUANT_F16);
+    assert_int_equal(quant_type_from_name("q8_0"), QUANT_Q8_0);
+    assert_int_equal(quant_type_from_name("q4_K_M"), -1);
+    assert_int_equal(quant_type_from_name(""), -1);
+    const enum quant_type weights[] = {QUANT_Q4_0, QUANT_Q4_1, QUANT_Q5_0, QUANT_Q5_1,
+                                       QUANT_Q8_0, QUANT_Q2_K, QUANT_Q3_K, QUANT_Q4_K,
+                                       QUANT_Q5_K, QUANT_Q6_K};
+    for (size_t i = 0; i < sizeof(weights) / sizeof(weights[0]); i++) {
+        assert_true(quant_is_supported(weights[i]));
+        const struct quant_traits *vd = quant_traits(quant_traits(weights[i])->vec_dot_type);
+        assert_int_equal(vd->block_size, quant_traits(weights[i])->block_size);
+    }
+    assert_false(quant_is_supported(QUANT_Q8_K));  // activations only
+    assert_false(quant_is_supported(QUANT_IQ2_XXS));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_quant_f16_to_f32_matches_the_definition),
@@ -247,6 +389,10 @@ int main(void) {
         cmocka_unit_test(test_quant_row_converters_match_scalar),
         cmocka_unit_test(test_quant_traits_of_known_types),
         cmocka_unit_test(test_quant_traits_reject_removed_and_unknown_ids),
+        cmocka_unit_test(test_quant_dequant_matches_numpy_oracle),
+        cmocka_unit_test(test_quant_round_trip_error_within_bounds),
+        cmocka_unit_test(test_quant_round_trip_edge_blocks),
+        cmocka_unit_test(test_quant_type_from_name),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

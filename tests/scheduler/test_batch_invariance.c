@@ -4,8 +4,8 @@
  * others arriving at random steps, with and without the prefix cache, with
  * chunked prefill (small token budget) and without, and across preemption
  * (tiny pools). Uses the synthetic models of tests/models/meson.build
- * (llama-f32, and llama-swa for a sliding window); skips when they are not
- * built.
+ * (llama-f32, llama-swa for a sliding window, llama-q8_0 and llama256-q4_k_m
+ * for quantized weights); skips when they are not built.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -210,12 +210,33 @@ static void test_batch_invariance_sliding_window(void **state) {
     check("llama-swa.gguf", 302, 16, 12, 32, true, NULL);
 }
 
+/* Quantized weights: activations are rounded to 8 bits per token, so a
+ * token's logits do not depend on which other tokens share its batch. */
+static void test_batch_invariance_quantized(void **state) {
+    (void)state;
+    const char *dir = testutil_path(testutil_build_dir(), "tests/models");
+    const char *names[] = {"llama-q8_0.gguf", "llama256-q4_k_m.gguf"};
+    for (int k = 0; k < 2; k++) {
+        if (!testutil_exists(testutil_path(dir, names[k]))) {
+            printf("skipping: %s/%s not built\n", dir, names[k]);
+            skip();
+            return;
+        }
+    }
+    for (int k = 0; k < 2; k++) {
+        check(names[k], 400, 16, 1024, 512, true, NULL);
+        check(names[k], 401, 16, 1024, 13, false, NULL);  // chunked prefill
+        check(names[k], 402, 64, 1024, 512, false, NULL);
+    }
+}
+
 int main(void) {
     log_set_level(LOG_LEVEL_WARN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batch_invariance_greedy_alone_equals_batched),
         cmocka_unit_test(test_batch_invariance_across_preemption),
         cmocka_unit_test(test_batch_invariance_sliding_window),
+        cmocka_unit_test(test_batch_invariance_quantized),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,245 @@
+/*
+ * cmd_quant.c - `llmserve quantize IN.gguf OUT.gguf TYPE` (engine/quantize.c)
+ * and `llmserve perplexity -m FILE --text FILE`: perplexity over a text in
+ * windows, and with --base F32.gguf the KL divergence of the model's token
+ * distributions from the base model's on the same windows.
+ *
+ * Windows follow llama.cpp's perplexity tool: the text's tokens are cut into
+ * windows of --ctx tokens, each window's first token becomes BOS, and only
+ * the second half of each window is scored (every scored token sees at least
+ * ctx/2 tokens of context). Output: one line per window on stderr, then
+ * `ppl=... n_tokens=...` (and `kl=...`) on stdout.
+ */
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/base/clock.h"
+#include "engine/base/err.h"
+#include "engine/base/file.h"
+#define LOG_TAG "cmd"
+#include "engine/base/log.h"
+#include "engine/engine.h"
+#include "engine/quantize.h"
+#include "engine/tokenizer.h"
+#include "server/cmd.h"
+
+int cmd_quantize(int argc, char **argv) {
+    int32_t n_threads = 0;
+    int opt;
+    optind = 1;
+    while ((opt = getopt(argc, argv, "t:h")) != -1) {
+        if (opt == 't') {
+            n_threads = atoi(optarg);
+        } else {
+            fprintf(stderr, "usage: llmserve quantize [-t THREADS] IN.gguf OUT.gguf TYPE\n"
+                            "TYPE: %s\n", quantize_ftype_names());
+            return opt == 'h' ? 0 : 2;
+        }
+    }
+    if (argc - optind != 3) {
+        fprintf(stderr, "usage: llmserve quantize [-t THREADS] IN.gguf OUT.gguf TYPE\n");
+        return 2;
+    }
+    int32_t ftype = quantize_ftype_from_name(argv[optind + 2]);
+    if (ftype < 0) {
+        fprintf(stderr, "quantize: unknown type '%s' (one of %s)\n", argv[optind + 2],
+                quantize_ftype_names());
+        return 2;
+    }
+    if (n_threads <= 0) n_threads = 2;
+    struct quantize_params p = {.in_path = argv[optind], .out_path = argv[optind + 1],
+                                .ftype = (enum quantize_ftype)ftype, .n_threads = n_threads};
+    int64_t t0 = clock_mono_ns();
+    int err = quantize_model(&p);
+    if (err) {
+        fprintf(stderr, "quantize: failed: %s\n", err_str(err));
+        return 1;
+    }
+    fprintf(stderr, "quantize: wrote %s in %.1f s\n", p.out_path,
+            (double)(clock_mono_ns() - t0) / 1e9);
+    return 0;
+}
+
+/* One model with a ctx sized for one window. */
+struct ppl_model {
+    struct engine_model *model;
+    struct engine_ctx *ctx;
+    int32_t n_vocab;
+};
+
+static int ppl_open(const char *path, int32_t n_ctx, int32_t n_threads, struct ppl_model *out) {
+    memset(out, 0, sizeof(*out));
+    struct engine_model_params mp = engine_model_default_params();
+    mp.path = path;
+    int err = engine_model_load(&mp, &out->model);
+    if (err) return err;
+    out->n_vocab = engine_model_get_info(out->model)->n_vocab;
+    struct engine_ctx_params cp = engine_ctx_default_params();
+    cp.n_threads = n_threads;
+    cp.max_seqs = 1;
+    cp.max_batch_tokens = n_ctx;
+    cp.max_outputs = n_ctx;
+    cp.n_blocks = (n_ctx + cp.block_size - 1) / cp.block_size + 1;
+    return engine_ctx_create(out->model, &cp, &out->ctx);
+}
+
+static void ppl_close(struct ppl_model *m) {
+    engine_ctx_free(m->ctx);
+    engine_model_free(m->model);
+}
+
+/* log-softmax of logits row into out [n]. */
+static void log_softmax(const float *logits, int32_t n, double *out) {
+    double max = logits[0];
+    for (int32_t i = 1; i < n; i++) max = logits[i] > max ? logits[i] : max;
+    double sum = 0;
+    for (int32_t i = 0; i < n; i++) sum += exp((double)logits[i] - max);
+    double lse = max + log(sum);
+    for (int32_t i = 0; i < n; i++) out[i] = (double)logits[i] - lse;
+}
+
+int cmd_perplexity(int argc, char **argv) {
+    const char *model_path = NULL, *text_path = NULL, *base_path = NULL;
+    int32_t n_ctx = 128, n_threads = 0, max_windows = 0;
+    static const struct option longopts[] = {
+        {"model", required_argument, NULL, 'm'}, {"text", required_argument, NULL, 'f'},
+        {"ctx", required_argument, NULL, 'c'},   {"base", required_argument, NULL, 'b'},
+        {"threads", required_argument, NULL, 't'},
+        {"windows", required_argument, NULL, 'w'}, {NULL, 0, NULL, 0},
+    };
+    int opt;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "m:f:c:b:t:w:", longopts, NULL)) != -1) {
+        switch (opt) {
+        case 'm': model_path = optarg; break;
+        case 'f': text_path = optarg; break;
+        case 'c': n_ctx = atoi(optarg); break;
+        case 'b': base_path = optarg; break;
+        case 't': n_threads = atoi(optarg); break;
+        case 'w': max_windows = atoi(optarg); break;
+        default:
+            fprintf(stderr, "usage: llmserve perplexity -m FILE --text FILE [--ctx N] "
+                            "[--base F32.gguf] [--windows N] [-t THREADS]\n");
+            return 2;
+        }
+    }
+    if (!model_path || !text_path || n_ctx < 4) {
+        fprintf(stderr, "usage: llmserve perplexity -m FILE --text FILE [--ctx N >= 4] "
+                        "[--base F32.gguf] [--windows N] [-t THREADS]\n");
+        return 2;
+    }
+    int exit_code = 1;
+    struct ppl_model m = {0}, base = {0};
+    struct file_map text = {0};
+    int32_t *ids = NULL, *pos = NULL, *seq = NULL, *table = NULL;
+    int8_t *outf = NULL;
+    double *lp = NULL, *lq = NULL;
+    float *base_logits = NULL;
+    int err = file_map(text_path, &text);
+    if (err) goto done;
+    err = ppl_open(model_path, n_ctx, n_threads, &m);
+    if (err) goto done;
+    if (base_path) {
+        err = ppl_open(base_path, n_ctx, n_threads, &base);
+        if (err) goto done;
+        if (base.n_vocab != m.n_vocab) {
+            fprintf(stderr, "perplexity: --base has %d tokens in its vocabulary, the model %d\n",
+                    base.n_vocab, m.n_vocab);
+            goto done;
+        }
+    }
+    int32_t n_ids = 0;
+    err = tokenizer_encode(engine_model_tokenizer(m.model),
+                           text.data ? (const char *)text.data : "", text.size, false, false,
+                           &ids, &n_ids);
+    if (err) goto done;
+    const int32_t n_windows_all = n_ids / n_ctx;
+    const int32_t n_windows =
+        max_windows > 0 && max_windows < n_windows_all ? max_windows : n_windows_all;
+    if (n_windows < 1) {
+        fprintf(stderr, "perplexity: the text has %d tokens, fewer than one window of %d\n", n_ids,
+                n_ctx);
+        goto done;
+    }
+    const int32_t n_vocab = m.n_vocab;
+    const int32_t bos = tokenizer_bos(engine_model_tokenizer(m.model));
+    const int32_t n_blk = engine_ctx_block_size(m.ctx);
+    pos = malloc((size_t)n_ctx * sizeof(int32_t));
+    seq = calloc((size_t)n_ctx, sizeof(int32_t));
+    outf = malloc((size_t)n_ctx);
+    table = malloc((size_t)(n_ctx / n_blk + 2) * sizeof(int32_t));
+    lp = malloc((size_t)n_vocab * sizeof(double));
+    lq = malloc((size_t)n_vocab * sizeof(double));
+    base_logits = base_path ? malloc((size_t)n_ctx * (size_t)n_vocab * sizeof(float)) : NULL;
+    if (!pos || !seq || !outf || !table || !lp || !lq || (base_path && !base_logits)) {
+        err = ERR_NOMEM;
+        goto done;
+    }
+    for (int32_t i = 0; i < n_ctx / n_blk + 2; i++) table[i] = i + 1;
+    struct engine_seq es = {.block_table = table, .n_blocks = (n_ctx + n_blk - 1) / n_blk};
+    const int32_t first = n_ctx / 2;  // scored: positions first .. n_ctx-2 predict the next
+    double nll = 0, kl = 0;
+    int64_t n_scored = 0;
+    int64_t t0 = clock_mono_ns();
+    for (int32_t w = 0; w < n_windows; w++) {
+        int32_t *tok = ids + (size_t)w * n_ctx;
+        const int32_t saved = tok[0];
+        if (bos >= 0) tok[0] = bos;
+        for (int32_t i = 0; i < n_ctx; i++) {
+            pos[i] = i;
+            outf[i] = i >= first - 1 && i < n_ctx - 1;
+        }
+        struct engine_batch b = {.n_tokens = n_ctx, .token = tok, .pos = pos, .seq = seq,
+                                 .output = outf, .n_seqs = 1, .seqs = &es};
+        const float *logits = NULL;
+        const int32_t n_out = n_ctx - first;
+        if (base_path) {
+            err = engine_forward(base.ctx, &b, &logits);
+            if (err) goto done;
+            memcpy(base_logits, logits, (size_t)n_out * (size_t)n_vocab * sizeof(float));
+        }
+        err = engine_forward(m.ctx, &b, &logits);
+        if (err) goto done;
+        double w_nll = 0;
+        for (int32_t o = 0; o < n_out; o++) {
+            const int32_t next = ids[(size_t)w * n_ctx + first + o];
+            log_softmax(logits + (size_t)o * n_vocab, n_vocab, lq);
+            w_nll -= lq[next];
+            if (base_path) {
+                log_softmax(base_logits + (size_t)o * n_vocab, n_vocab, lp);
+                double d = 0;
+                for (int32_t v = 0; v < n_vocab; v++) d += exp(lp[v]) * (lp[v] - lq[v]);
+                kl += d;
+            }
+        }
+        tok[0] = saved;
+        nll += w_nll;
+        n_scored += n_out;
+        fprintf(stderr, "perplexity: window %d/%d ppl %.4f (running %.4f)\n", w + 1, n_windows,
+                exp(w_nll / n_out), exp(nll / (double)n_scored));
+    }
+    double secs = (double)(clock_mono_ns() - t0) / 1e9;
+    printf("ppl=%.4f n_tokens=%lld windows=%d ctx=%d", exp(nll / (double)n_scored),
+           (long long)n_scored, n_windows, n_ctx);
+    if (base_path) printf(" kl=%.6f", kl / (double)n_scored);
+    printf(" seconds=%.1f\n", secs);
+    exit_code = 0;
+
+done:
+    if (err) fprintf(stderr, "perplexity: failed: %s\n", err_str(err));
+    free(ids);
+    free(pos);
+    free(seq);
+    free(outf);
+    free(table);
+    free(lp);
+    free(lq);
+    free(base_logits);
+    ppl_close(&base);
+    ppl_close(&m);
+    file_unmap(&text);
+    return exit_code;
+}
