@@ -151,17 +151,6 @@ static void q3_K_to_f32(const void *restrict src, float *restrict dst, int64_t n
     }
 }
 
-void quant_get_scale_min_k4(int j, const uint8_t *restrict q, uint8_t *restrict sc,
-                            uint8_t *restrict m) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (uint8_t)((q[j + 4] & 15) | (q[j - 4] >> 6) << 4);
-        *m = (uint8_t)((q[j + 4] >> 4) | (q[j] >> 6) << 4);
-    }
-}
-
 static void q4_K_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
     const struct block_q4_K *b = src;
     for (int64_t ib = 0; ib < n / QK_K; ib++, dst += QK_K) {

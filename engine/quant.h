@@ -202,9 +202,21 @@ size_t quant_row_size(enum quant_type t, int64_t n);
  * -1 when no known type has that name. */
 int32_t quant_type_from_name(const char *name);
 
-/* The 6-bit scale and min of sub-block j (0..7) of a q4_K/q5_K block. */
-void quant_get_scale_min_k4(int j, const uint8_t *restrict scales, uint8_t *restrict sc,
-                            uint8_t *restrict m);
+/* The 6-bit scale and min of sub-block j (0..7) of a q4_K/q5_K block:
+ * sub-blocks 0..3 keep theirs in the low 6 bits of scales[j] and scales[j + 4];
+ * 4..7 split theirs into the nibbles of scales[j + 4] and the top 2 bits of
+ * scales[j - 4] (scale) and scales[j] (min). Inline: the kernels call it per
+ * sub-block. */
+static inline void quant_get_scale_min_k4(int j, const uint8_t *restrict q, uint8_t *restrict sc,
+                                          uint8_t *restrict m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((q[j + 4] & 15) | (q[j - 4] >> 6) << 4);
+        *m = (uint8_t)((q[j + 4] >> 4) | (q[j] >> 6) << 4);
+    }
+}
 
 /* IEEE half <-> float, and bfloat16 <-> float (round to nearest even). */
 float quant_f16_to_f32(uint16_t h);

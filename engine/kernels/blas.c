@@ -188,7 +188,12 @@ void kern_matmul(struct threadpool *pool, struct kern_scratch *scratch, const st
     job.xq_row = quant_row_size(vd, k);
     if (n_tokens <= scratch->qdot_max_tokens) {
         reserve_act(scratch, (size_t)n_tokens * job.xq_row);
-        threadpool_run(pool, n_tokens, 1, act_slice, &job);
+        // a few rows are cheaper to quantize here than a parallel region costs
+        if (n_tokens <= KERN_GEMV_MAX_TOKENS) {
+            act_slice(&job, 0, n_tokens, 0, 1);
+        } else {
+            threadpool_run(pool, n_tokens, 1, act_slice, &job);
+        }
         job.xq = scratch->act;
         threadpool_run(pool, w->ne[1], KERN_ROW_GRAIN, qdot_slice, &job);
         return;
