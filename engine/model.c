@@ -198,7 +198,8 @@ static const struct tensor *bind(struct loader *ld, const char *name, int64_t ne
     }
     if (!quant_is_supported(t->type)) {
         LOG_ERROR("%s: tensor '%s' has type %s, which is not supported yet (supported: f32, f16, "
-                  "bf16)", ld->path, name, quant_name(t->type));
+                  "bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K)", ld->path,
+                  name, quant_name(t->type));
         *err = ERR_UNSUPPORTED;
         return NULL;
     }
