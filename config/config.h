@@ -27,6 +27,7 @@ struct config {
     char *model_path;             // owned; GGUF file (required)
     char *model_name;             // owned; name served in /v1/models; NULL: the model's own
     int32_t n_threads;            // kernel threads; 0: all cores
+    int32_t n_ctx;                // most tokens per sequence; 0: the model's context_length
     int64_t kv_bytes;             // KV cache budget in bytes
     int32_t block_size;           // tokens per KV block
     int32_t max_seqs;             // sequences running at once

@@ -29,6 +29,8 @@ const struct setting setting_table[] = {
      "model id in the API (/v1/models, \"model\" fields); default: the file's name"},
     {"threads", 't', "threads", SETTING_KIND_I32, OFF(n_threads), 0, 1024, "N",
      "kernel threads; 0 = all cores"},
+    {"ctx", 'c', "ctx", SETTING_KIND_I32, OFF(n_ctx), 0, 1 << 24, "N",
+     "most tokens (prompt + generated) of one request; 0 = the model's context_length"},
     {"kv-memory", 0, "kv_memory", SETTING_KIND_SIZE, OFF(kv_bytes), 1024 * 1024, 1024 * GIB,
      "SIZE", "memory for the KV cache, e.g. 512M, 4G"},
     {"block-size", 0, "block_size", SETTING_KIND_I32, OFF(block_size), 1, 1024, "N",

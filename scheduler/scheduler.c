@@ -436,7 +436,7 @@ int scheduler_create(const struct engine_model *model, const struct scheduler_pa
     *out = NULL;
     if (p->block_size < 1 || p->block_size > 1024 || p->max_seqs < 1 ||
         p->max_batch_tokens < 1 || p->max_queue < 1 || p->kv_blocks < 0 ||
-        (p->kv_blocks == 0 && p->kv_memory_mib < 1)) {
+        (p->kv_blocks == 0 && p->kv_memory_mib < 1) || p->n_ctx < 0) {
         LOG_ERROR("%s: bad params block_size=%d max_seqs=%d max_batch_tokens=%d max_queue=%d "
                   "kv_blocks=%d kv_memory_mib=%d", __func__, (int)p->block_size,
                   (int)p->max_seqs, (int)p->max_batch_tokens, (int)p->max_queue,
@@ -459,6 +459,7 @@ int scheduler_create(const struct engine_model *model, const struct scheduler_pa
     s->sliding_window = info->sliding_window;
     int64_t pool_tokens = (int64_t)(n_blocks - 1) * p->block_size;
     s->n_ctx = info->n_ctx_train > 0 ? info->n_ctx_train : (int32_t)(pool_tokens < INT32_MAX ? pool_tokens : INT32_MAX);
+    if (p->n_ctx > 0) s->n_ctx = p->n_ctx;  // --ctx overrides the model's context_length
     atomic_init(&s->next_id, 1);
     atomic_init(&s->n_submitted, 0);
     atomic_init(&s->n_waiting, 0);

@@ -35,6 +35,7 @@ struct scheduler_params {
     int32_t max_queue;          // submitted but not yet running, at most (1024)
     bool enable_prefix_cache;   // automatic prefix caching (on)
     int32_t n_threads;          // kernel threads, 0: all cores
+    int32_t n_ctx;              // most tokens of one sequence; 0: the model's context_length
 };
 
 struct scheduler_params scheduler_default_params(void);

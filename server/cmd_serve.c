@@ -96,6 +96,7 @@ int cmd_serve(int argc, char **argv) {
     sp.max_batch_tokens = cfg.max_batch_tokens;
     sp.max_queue = cfg.max_queue;
     sp.n_threads = cfg.n_threads;
+    sp.n_ctx = cfg.n_ctx;
     err = scheduler_create(model, &sp, &sched);
     if (err) {
         LOG_ERROR("cannot create the scheduler: %s", err_str(err));
@@ -125,7 +126,7 @@ int cmd_serve(int argc, char **argv) {
     app.om.model = model;
     app.om.name = cfg.model_name ? cfg.model_name : info->name;
     int64_t kv_tokens = (int64_t)(n_blocks > 1 ? n_blocks - 1 : 0) * cfg.block_size;
-    app.om.n_ctx = info->n_ctx_train;
+    app.om.n_ctx = cfg.n_ctx > 0 ? cfg.n_ctx : info->n_ctx_train;
     if (kv_tokens > 0 && kv_tokens < app.om.n_ctx) app.om.n_ctx = (int32_t)kv_tokens;
     const char *tmpl = engine_model_chat_template(model);
     err = chat_detect(tmpl, tmpl ? strlen(tmpl) : 0, &app.om.chat_family);

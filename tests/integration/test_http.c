@@ -442,6 +442,27 @@ static void test_api_key(void **state) {
     assert_int_equal(httptest_stop(&s, SIGTERM), 0);
 }
 
+/* --ctx caps prompt + max_tokens per request below the model's context_length. */
+static void test_ctx_flag_limits_requests(void **state) {
+    (void)state;
+    struct httptest_server s;
+    httptest_start(&s, httptest_model("llama-f32"), "--ctx 64");
+    struct httptest_resp r;
+    assert_int_equal(httptest_request(s.port, "POST", "/v1/completions", NULL,
+                                      "{\"prompt\":[1,2,3],\"max_tokens\":62}", &r), 400);
+    assert_true(httptest_is_openai_error(r.body));
+    char *code = httptest_json_str(r.body, "code");
+    assert_string_equal(code, "context_length_exceeded");
+    free(code);
+    httptest_resp_free(&r);
+    assert_int_equal(httptest_request(s.port, "POST", "/v1/completions", NULL,
+                                      "{\"prompt\":[1,2,3],\"max_tokens\":61,"
+                                      "\"temperature\":0,\"ignore_eos\":true}", &r), 200);
+    httptest_resp_free(&r);
+    assert_healthy(s.port);
+    assert_int_equal(httptest_stop(&s, SIGTERM), 0);
+}
+
 #define N_FLOOD 24
 
 static void test_queue_full_429(void **state) {
@@ -526,8 +547,12 @@ static void test_disconnect_while_queued(void **state) {
         httptest_resp_free(&r);
     }
     wait_idle(s.port);
-    assert_int_equal(httptest_get_metric(s.port, "llmserve_generation_tokens_total"),
-                     N_OCCUPANTS * 2040);
+    // NOTE: the ticker notices the vanished client within about a second; on a
+    // loaded machine the occupants can finish first and the request start, so
+    // the test asserts only that it was canceled before generating all its
+    // tokens (usually it generates none).
+    double n_gen = httptest_get_metric(s.port, "llmserve_generation_tokens_total");
+    assert_true(n_gen >= N_OCCUPANTS * 2040 && n_gen < (N_OCCUPANTS + 1) * 2040);
     assert_int_equal(httptest_stop(&s, SIGTERM), 0);
 }
 
@@ -592,6 +617,7 @@ int main(void) {
         cmocka_unit_test(test_api_key),
         cmocka_unit_test(test_queue_full_429),
         cmocka_unit_test(test_disconnect_while_queued),
+        cmocka_unit_test(test_ctx_flag_limits_requests),
         cmocka_unit_test(test_sigterm_during_streams),
     };
     int failed = cmocka_run_group_tests(shared, group_setup, group_teardown);
