@@ -96,8 +96,15 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
 
     // RoPE angles per token, shared by every layer                       [T][n_rot/2]
     for (int32_t t = 0; t < T; t++) {
-        rope_cache(m->rope_inv_freq, n_pairs, b->pos[t], ctx->rope_cos + (size_t)t * n_pairs,
-                   ctx->rope_sin + (size_t)t * n_pairs);
+        float *c = ctx->rope_cos + (size_t)t * n_pairs;
+        float *s = ctx->rope_sin + (size_t)t * n_pairs;
+        rope_cache(m->rope_inv_freq, n_pairs, b->pos[t], c, s);
+        if (hp->rope_mscale != 1.0f) {  // YaRN scales q and k, so the scores by mscale^2
+            for (int32_t i = 0; i < n_pairs; i++) {
+                c[i] *= hp->rope_mscale;
+                s[i] *= hp->rope_mscale;
+            }
+        }
     }
 
     // Query tiles for attention, shared by every layer

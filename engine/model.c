@@ -138,6 +138,7 @@ static int load_hparams(struct loader *ld) {
 
     // RoPE scaling: <arch>.rope.scaling.type + .factor, or the older scale_linear.
     hp->rope_scale = 1.0f;
+    hp->rope_mscale = 1.0f;
     char key[160];
     snprintf(key, sizeof(key), "%srope.scaling.type", ld->prefix);
     struct gguf_str type = {0};
@@ -152,10 +153,27 @@ static int load_hparams(struct loader *ld) {
                 return ERR_FORMAT;
             }
             hp->rope_scale = 1.0f / factor;
+        } else if (gguf_str_eq(type, "yarn")) {
+            float attn_factor = 1.0f;
+            if (factor < 1.0f ||
+                (err = get_int(ld, "rope.scaling.original_context_length", true, 0, 1, 1 << 24,
+                               &hp->yarn_orig_ctx)) ||
+                (err = get_float(ld, "rope.scaling.yarn_beta_fast", 32.0f, &hp->yarn_beta_fast)) ||
+                (err = get_float(ld, "rope.scaling.yarn_beta_slow", 1.0f, &hp->yarn_beta_slow)) ||
+                (err = get_float(ld, "rope.scaling.attn_factor", 1.0f, &attn_factor))) {
+                if (!err) LOG_ERROR("%s: yarn rope.scaling.factor must be >= 1", ld->path);
+                return err ? err : ERR_FORMAT;
+            }
+            if (!(hp->yarn_beta_fast > 0.0f) || !(hp->yarn_beta_slow > 0.0f)) {
+                LOG_ERROR("%s: yarn beta_fast and beta_slow must be > 0", ld->path);
+                return ERR_FORMAT;
+            }
+            hp->yarn_factor = factor;
+            hp->rope_mscale = attn_factor * (0.1f * logf(factor) + 1.0f);
         } else {
             char t[64];
-            LOG_ERROR("%s: rope scaling type '%s' is not supported yet (none, linear)", ld->path,
-                      gguf_str_copy(type, t, sizeof(t)));
+            LOG_ERROR("%s: rope scaling type '%s' is not supported yet (none, linear, yarn)",
+                      ld->path, gguf_str_copy(type, t, sizeof(t)));
             return ERR_UNSUPPORTED;
         }
     } else {
@@ -311,9 +329,28 @@ static int bind_tensors(struct loader *ld) {
             }
         }
     }
+    // YaRN (Peng et al. 2023, as Hugging Face computes it): pairs that turn more
+    // than beta_fast times over the original context keep their frequency, those
+    // under beta_slow are interpolated by the factor, a linear ramp between.
+    double yarn_low = 0.0, yarn_high = 0.0;
+    if (hp->yarn_factor > 0.0f) {
+        const double d = hp->n_rot, base = hp->rope_freq_base, orig = hp->yarn_orig_ctx;
+        const double two_pi = 6.283185307179586;
+        yarn_low = floor(d * log(orig / (hp->yarn_beta_fast * two_pi)) / (2.0 * log(base)));
+        yarn_high = ceil(d * log(orig / (hp->yarn_beta_slow * two_pi)) / (2.0 * log(base)));
+        if (yarn_low < 0.0) yarn_low = 0.0;
+        if (yarn_high > d - 1.0) yarn_high = d - 1.0;
+        if (yarn_low == yarn_high) yarn_high += 0.001;
+    }
     for (int32_t i = 0; i < n_pairs; i++) {
         double inv = pow((double)hp->rope_freq_base, -2.0 * i / hp->n_rot) * hp->rope_scale;
         if (factors) inv /= factors[i];
+        if (hp->yarn_factor > 0.0f) {
+            double ramp = (i - yarn_low) / (yarn_high - yarn_low);
+            ramp = ramp < 0.0 ? 0.0 : ramp > 1.0 ? 1.0 : ramp;
+            const double keep = 1.0 - ramp;  // share of the original frequency
+            inv = inv / hp->yarn_factor * (1.0 - keep) + inv * keep;
+        }
         m->rope_inv_freq[i] = (float)inv;
     }
     free(factors);

@@ -32,6 +32,11 @@ struct hparams {
     int32_t n_rot;           // rope.dimension_count, <= head_dim, even
     float rope_freq_base;
     float rope_scale;        // positions are multiplied by this (1 / linear factor)
+    float yarn_factor;       // YaRN context extension factor; 0: no YaRN
+    int32_t yarn_orig_ctx;   // YaRN: the context the model was trained at
+    float yarn_beta_fast;    // YaRN ramp ends (rotations over the original context)
+    float yarn_beta_slow;
+    float rope_mscale;       // cos/sin are multiplied by this (YaRN attention factor; else 1)
     float norm_eps;
     int32_t sliding_window;  // 0: full attention
 };

@@ -227,6 +227,11 @@ static void test_forward_llama_sliding_window_linear_rope(void **state) {
     check_model("llama-swa");
 }
 
+static void test_forward_qwen2_yarn(void **state) {
+    (void)state;
+    check_model("qwen2-yarn");
+}
+
 static void test_forward_portable_kernels_match(void **state) {
     (void)state;
     kern_dispatch_init(true);
@@ -269,6 +274,7 @@ int main(void) {
         cmocka_unit_test(test_forward_qwen2_f32_bias_neox),
         cmocka_unit_test(test_forward_qwen3_f32_qk_norm),
         cmocka_unit_test(test_forward_llama_sliding_window_linear_rope),
+        cmocka_unit_test(test_forward_qwen2_yarn),
         cmocka_unit_test(test_forward_portable_kernels_match),
         cmocka_unit_test(test_forward_rejects_oversized_batch),
     };
