@@ -40,7 +40,6 @@ struct engine_ctx {
     const struct kern_attn *attn_kern;  // static table chosen at creation
     float *att_scratch;       // [n_threads][att_scratch_floats]
     size_t att_scratch_floats;
-    int32_t *out_rows;        // [T] batch index of each output row
     float *xo;                // [max_outputs][n_embd] normed rows that want logits
     float *logits;            // [max_outputs][n_vocab]
 };

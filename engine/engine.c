@@ -52,7 +52,6 @@ void engine_ctx_free(struct engine_ctx *ctx) {
     free(ctx->rope_sin);
     free(ctx->att_scratch);
     free(ctx->att_tiles);
-    free(ctx->out_rows);
     free(ctx->xo);
     free(ctx->logits);
     free(ctx);
@@ -126,9 +125,8 @@ int engine_ctx_create(const struct engine_model *m, const struct engine_ctx_para
     ctx->att_scratch = alloc_floats((size_t)ctx->params.n_threads, ctx->att_scratch_floats, &err);
     ctx->xo = alloc_floats((size_t)prm.max_outputs, (size_t)hp->n_embd, &err);
     ctx->logits = alloc_floats((size_t)prm.max_outputs, (size_t)hp->n_vocab, &err);
-    ctx->out_rows = malloc(T * sizeof(int32_t));
     ctx->att_tiles = malloc(T * sizeof(*ctx->att_tiles));
-    if (!ctx->out_rows || !ctx->att_tiles) err = ERR_NOMEM;
+    if (!ctx->att_tiles) err = ERR_NOMEM;
     // Attention follows the kernels' choice: portable when they were forced portable.
     ctx->attn_kern = kern_attn_select(kern_get()->dot_f32 == kern_ref_dot_f32);
     if (err) {
