@@ -24,6 +24,16 @@ static int run(const char *cmd, char *out, size_t n) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* ../shared, or skip the test (a fresh clone has none). */
+static const char *shared_or_skip(void) {
+    const char *shared = testutil_shared_dir();
+    if (!shared) {
+        print_message("skipped: ../shared is absent (stories260K.gguf)\n");
+        skip();
+    }
+    return shared;
+}
+
 static const char *bin(void) {
     const char *b = getenv("LLMSERVE_BIN");
     assert_non_null(b);
@@ -33,11 +43,7 @@ static const char *bin(void) {
 /* ../shared/models/README.md, section A: greedy continuation of [BOS]. */
 static void test_generate_stories260k_prints_reference_ids(void **state) {
     (void)state;
-    const char *shared = testutil_shared_dir();
-    if (!shared) {
-        print_message("skipped: ../shared is absent (stories260K.gguf)\n");
-        skip();
-    }
+    const char *shared = shared_or_skip();
     char cmd[8192], out[4096];
     snprintf(cmd, sizeof(cmd), "%s generate -m %s/models/stories260K.gguf --prompt-ids 1 -n 31",
              bin(), shared);
@@ -50,11 +56,7 @@ static void test_generate_stories260k_prints_reference_ids(void **state) {
 /* Section B: the prompt "Once upon a time" is 1 403 407 261 378. */
 static void test_generate_stories260k_continues_prompt_ids(void **state) {
     (void)state;
-    const char *shared = testutil_shared_dir();
-    if (!shared) {
-        print_message("skipped: ../shared is absent (stories260K.gguf)\n");
-        skip();
-    }
+    const char *shared = shared_or_skip();
     char cmd[8192], out[4096];
     snprintf(cmd, sizeof(cmd),
              "%s generate -m %s/models/stories260K.gguf --prompt-ids 1,403,407,261,378 -n 30",
@@ -110,11 +112,7 @@ static void test_generate_synthetic_model_prints_n_ids(void **state) {
 /* Section B again, through the tokenizer: the continuation text of the prompt. */
 static void test_generate_stories260k_text_prompt(void **state) {
     (void)state;
-    const char *shared = testutil_shared_dir();
-    if (!shared) {
-        print_message("skipped: ../shared is absent (stories260K.gguf)\n");
-        skip();
-    }
+    const char *shared = shared_or_skip();
     char cmd[8192], out[4096];
     snprintf(cmd, sizeof(cmd),
              "%s generate -m %s/models/stories260K.gguf -p 'Once upon a time' -n 30 --temp 0",
@@ -141,11 +139,7 @@ static void test_generate_stories260k_text_prompt(void **state) {
 
 static void test_generate_seed_reproducible(void **state) {
     (void)state;
-    const char *shared = testutil_shared_dir();
-    if (!shared) {
-        print_message("skipped: ../shared is absent (stories260K.gguf)\n");
-        skip();
-    }
+    const char *shared = shared_or_skip();
     char cmd[8192], a[4096], b[4096], c[4096];
     const char *fmt = "%s generate -m %s/models/stories260K.gguf -p 'Once upon a time' -n 40 "
                       "--temp 1.0 --top-k 0 --top-p 1 --min-p 0 --seed %d";
@@ -161,11 +155,7 @@ static void test_generate_seed_reproducible(void **state) {
 
 static void test_tokenize_detokenize_round_trip(void **state) {
     (void)state;
-    const char *shared = testutil_shared_dir();
-    if (!shared) {
-        print_message("skipped: ../shared is absent (stories260K.gguf)\n");
-        skip();
-    }
+    const char *shared = shared_or_skip();
     char cmd[8192], out[4096];
     snprintf(cmd, sizeof(cmd),
              "printf 'Once upon a time' | %s tokenize -m %s/models/stories260K.gguf", bin(),
