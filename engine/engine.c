@@ -25,6 +25,7 @@ struct engine_ctx_params engine_ctx_default_params(void) {
         .max_seqs = 64,
         .max_outputs = 0,
         .block_size = 16,
+        .max_adapters = 0,
         .n_blocks = 1024,
     };
 }

@@ -22,9 +22,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-// The engine's other public parts: the model's tokenizer, the per-sequence
+// The engine's other public parts: adapters (LoRA, bottleneck), the model's tokenizer, the per-sequence
 // sampler and the stop-string matcher. engine.h is the umbrella header the
 // scheduler and the server include.
+#include "engine/lora.h"
 #include "engine/sampler.h"
 #include "engine/stop.h"
 #include "engine/tokenizer.h"
@@ -91,6 +92,7 @@ struct engine_ctx_params {
     int32_t block_size;        // tokens per KV block (default 16)
     int32_t n_blocks;          // KV blocks in the pool, block 0 included (block 0 is the
                                // null block: never written, never read)
+    int32_t max_adapters;      // adapter slots (engine/lora.h); 0: adapters not used
 };
 
 struct engine_ctx_params engine_ctx_default_params(void);
