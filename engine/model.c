@@ -10,11 +10,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "engine/base/alloc.h"
 #include "engine/base/err.h"
 #include "engine/base/log.h"
 #include "engine/gguf.h"
+#include "engine/kernels/kernels.h"
 #include "engine/tokenizer.h"
 
 /* Bounds that keep every size computation far from overflow and reject
@@ -395,6 +398,62 @@ static int load_tensors(struct loader *ld) {
     return 0;
 }
 
+/* Gives back the mapped pages wholly inside [p, p + n): they were copied into
+ * panels, and a read-only private file mapping re-reads them from the file
+ * if anything touches them again (the embedding rows of a tied output). */
+static void drop_pages(const void *p, size_t n) {
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)p + page - 1) & ~(page - 1);
+    uintptr_t hi = ((uintptr_t)p + n) & ~(page - 1);
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
+/* Copies every f32/f16/bf16 matrix that kern_matmul() multiplies into the
+ * panel layout (kernels.h), in one anonymous mapping the model owns, and
+ * drops the copied pages of the file mapping, so resident memory stays about
+ * one copy of the weights. */
+static int pack_panels(struct loader *ld) {
+    struct engine_model *m = ld->m;
+    const int64_t n_mats = 7 * (int64_t)m->hp.n_layer + 1;
+    const struct tensor **mats = calloc((size_t)n_mats, sizeof(*mats));
+    if (!mats) return ERR_NOMEM;
+    for (int32_t il = 0; il < m->hp.n_layer; il++) {
+        const struct layer *L = &m->layers[il];
+        const struct tensor *lm[7] = {L->wq, L->wk, L->wv, L->wo, L->ffn_gate, L->ffn_up,
+                                      L->ffn_down};
+        memcpy(mats + 7 * il, lm, sizeof(lm));
+    }
+    mats[n_mats - 1] = m->output;
+    size_t bytes = 0;
+    for (int64_t i = 0; i < n_mats; i++) {
+        if (kern_panel_supports(mats[i]->type)) bytes += kern_panel_bytes(mats[i]);
+    }
+    if (bytes == 0) {
+        free(mats);
+        return 0;
+    }
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        LOG_ERROR("%s: cannot allocate %zu bytes for the weight panels", ld->path, bytes);
+        free(mats);
+        return ERR_NOMEM;
+    }
+    madvise(p, bytes, MADV_HUGEPAGE);  // fewer TLB misses while streaming them
+    m->panels = p;
+    m->panels_bytes = bytes;
+    uint8_t *cur = p;
+    for (int64_t i = 0; i < n_mats; i++) {
+        if (!kern_panel_supports(mats[i]->type)) continue;
+        struct tensor *t = &m->tensors[mats[i] - m->tensors];  // ours: the bound pointers are views
+        kern_panel_pack(t, cur);
+        t->panels = cur;
+        cur += kern_panel_bytes(t);
+        drop_pages(t->data, (size_t)t->ne[1] * t->row_bytes);
+    }
+    free(mats);
+    return 0;
+}
+
 static int load_meta(struct loader *ld) {
     struct engine_model *m = ld->m;
     struct gguf_str s;
@@ -439,6 +498,7 @@ void engine_model_free(struct engine_model *m) {
     free(m->small);
     free(m->layers);
     free(m->tensors);
+    if (m->panels) munmap(m->panels, m->panels_bytes);
     gguf_close(m->gguf);
     free(m);
 }
@@ -452,7 +512,7 @@ int engine_model_load(const struct engine_model_params *p, struct engine_model *
     int err = gguf_open(p->path, &m->gguf);
     if (err) goto fail;
     if ((err = load_meta(&ld)) || (err = load_hparams(&ld)) || (err = load_tensors(&ld)) ||
-        (err = bind_tensors(&ld))) {
+        (err = bind_tensors(&ld)) || (err = pack_panels(&ld))) {
         goto fail;
     }
     if (gguf_find(m->gguf, "tokenizer.ggml.model")) {

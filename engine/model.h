@@ -4,8 +4,10 @@
  * public face is struct engine_model in engine/engine.h.
  *
  * Ownership: the model owns the gguf_file (whose mapping the weights view),
- * the tensor array, the f32 copies of the small 1-D tensors (norms, biases,
- * RoPE factors) and the tokenizer. Immutable after model_load(): any thread
+ * the tensor array, the panel copies of the f32/f16/bf16 matrices (one
+ * anonymous mapping; kern_matmul() reads them instead of the file's rows),
+ * the f32 copies of the small 1-D tensors (norms, biases, RoPE factors) and
+ * the tokenizer. Immutable after model_load(): any thread
  * may read it.
  */
 #ifndef LLMSERVE_MODEL_H
@@ -70,6 +72,8 @@ struct engine_model {
     const struct tensor *output;   // classifier; == tok_embd when tied
     float *rope_inv_freq;          // [n_rot / 2], owned: base^(-2i/n_rot) / factor_i * scale
     float *small;                  // owned arena of the f32 1-D tensors
+    void *panels;                  // owned mapping of every tensor's panels (tensor.h), or NULL
+    size_t panels_bytes;
     struct tokenizer *tok;         // owned; NULL when the file has no tokenizer
     char *chat_template;           // owned copy, or NULL
     char name[128];

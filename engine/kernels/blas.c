@@ -1,5 +1,8 @@
 /*
  * blas.c - the only OpenBLAS user: matrix products over a batch of tokens.
+ * Weights with panels (kernels.h) go to the panel products, split by panels
+ * across the pool; OpenBLAS serves unpacked f32/f16/bf16 weights above
+ * KERN_GEMV_MAX_TOKENS and quantized ones above kern_scratch.qdot_max_tokens.
  *
  * Parallelism is ours, not OpenBLAS's: OpenBLAS is told to use one thread and
  * each pool thread multiplies the whole batch by its own slice of weight rows.
@@ -96,6 +99,17 @@ static void gemv_rows(const struct matmul_job *j, int64_t r0, int64_t r1) {
     }
 }
 
+/* Panels [p0, p1) of a packed f32/f16/bf16 weight, for every token. */
+static void panel_slice(void *arg, int64_t p0, int64_t p1, int32_t ith, int32_t nth) {
+    (void)ith;
+    (void)nth;
+    const struct matmul_job *j = arg;
+    const struct tensor *w = j->w;
+    const struct kern_panel *kp = &kern_get()->panel;
+    kern_panel_fn fn = w->type == QUANT_F32 ? kp->f32 : w->type == QUANT_F16 ? kp->f16 : kp->bf16;
+    fn(j->x, j->n_tokens, w->panels, w->ne[0], w->ne[1], p0, p1, j->y);
+}
+
 static void matmul_slice(void *arg, int64_t r0, int64_t r1, int32_t ith, int32_t nth) {
     (void)nth;
     const struct matmul_job *j = arg;
@@ -178,6 +192,11 @@ void kern_matmul(struct threadpool *pool, struct kern_scratch *scratch, const st
                  const float *x, int64_t n_tokens, float *y) {
     ASSERT(w->ne[2] == 1 && w->ne[3] == 1);
     struct matmul_job job = {.scratch = scratch, .w = w, .x = x, .n_tokens = n_tokens, .y = y};
+    if (w->panels) {
+        const int64_t n_panels = (w->ne[1] + KERN_PANEL_ROWS - 1) / KERN_PANEL_ROWS;
+        threadpool_run(pool, n_panels, 1, panel_slice, &job);
+        return;
+    }
     if (!is_quantized(w->type)) {
         threadpool_run(pool, w->ne[1], KERN_ROW_GRAIN, matmul_slice, &job);
         return;

@@ -28,6 +28,8 @@ static struct kern_dispatch kern_table = {
         [QUANT_Q5_K] = kern_ref_vec_dot_q5_K,
         [QUANT_Q6_K] = kern_ref_vec_dot_q6_K,
     },
+    .isa_panel = KERN_ISA_PORTABLE,
+    .panel = {kern_panel_ref_f32, kern_panel_ref_f16, kern_panel_ref_bf16},
 };
 
 enum kern_isa kern_isa_detect(void) {
@@ -84,6 +86,17 @@ void kern_vec_dot_table(enum kern_isa isa, kern_vec_dot_fn out[QUANT_TYPE_COUNT]
     }
 }
 
+void kern_panel_table(enum kern_isa isa, struct kern_panel *out) {
+    *out = (struct kern_panel){kern_panel_ref_f32, kern_panel_ref_f16, kern_panel_ref_bf16};
+    if (isa >= KERN_ISA_AVX2) {
+        *out = (struct kern_panel){kern_panel_avx2_f32, kern_panel_avx2_f16, kern_panel_avx2_bf16};
+    }
+    if (isa >= KERN_ISA_AVX512) {
+        *out = (struct kern_panel){kern_panel_avx512_f32, kern_panel_avx512_f16,
+                                   kern_panel_avx512_bf16};
+    }
+}
+
 const struct kern_dispatch *kern_dispatch_init(bool force_portable) {
     struct kern_dispatch t = {
         .isa = "portable",
@@ -105,6 +118,8 @@ const struct kern_dispatch *kern_dispatch_init(bool force_portable) {
     }
     t.isa_quant = force_portable ? KERN_ISA_PORTABLE : kern_isa_detect();
     kern_vec_dot_table(t.isa_quant, t.vec_dot);
+    t.isa_panel = t.isa_quant;
+    kern_panel_table(t.isa_panel, &t.panel);
     kern_table = t;
     atomic_thread_fence(memory_order_release);
     return &kern_table;

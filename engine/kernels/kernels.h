@@ -20,8 +20,25 @@
 
 struct threadpool;
 
-/* Batches up to this many tokens multiply by row dots instead of sgemm. */
+/* Batches up to this many tokens multiply unpacked f32/f16/bf16 weights (no
+ * panels) by row dots instead of sgemm. */
 #define KERN_GEMV_MAX_TOKENS 4
+
+/* Rows of a weight matrix per panel of the packed layout (see "panels"). */
+#define KERN_PANEL_ROWS 16
+
+/* y[t][16 p0 .. min(16 p1, n)) = x[t] . W^T for t < n_tokens over panels
+ * [p0, p1) of pw, a [k, n] weight packed by kern_panel_pack(); x is
+ * [n_tokens][k] and y [n_tokens][n] (row strides k and n). */
+typedef void (*kern_panel_fn)(const float *restrict x, int64_t n_tokens, const void *restrict pw,
+                              int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+
+/* The panel products of one level, by weight type. */
+struct kern_panel {
+    kern_panel_fn f32;
+    kern_panel_fn f16;
+    kern_panel_fn bf16;
+};
 
 /* Converts n elements of a row of type t (f32, f16, bf16) to f32. */
 typedef void (*kern_to_f32_fn)(const void *restrict src, float *restrict dst, int64_t n);
@@ -50,6 +67,8 @@ struct kern_dispatch {
     float (*dot_bf16)(const void *restrict w, const float *restrict x, int64_t n);
     enum kern_isa isa_quant;                       // level of the vec_dot entries
     kern_vec_dot_fn vec_dot[QUANT_TYPE_COUNT];     // by weight type; NULL: none
+    enum kern_isa isa_panel;                       // level of the panel products
+    struct kern_panel panel;
 };
 
 /* The highest level this CPU supports (CPUID), whatever was dispatched. */
@@ -58,6 +77,10 @@ enum kern_isa kern_isa_detect(void);
 /* The vec_dot table of one level (tests run every level the CPU has against
  * KERN_ISA_PORTABLE); entries a level lacks fall back to the level below. */
 void kern_vec_dot_table(enum kern_isa isa, kern_vec_dot_fn out[QUANT_TYPE_COUNT]);
+
+/* The panel products of one level (tests compare every level the CPU has);
+ * VNNI uses the AVX-512 ones. */
+void kern_panel_table(enum kern_isa isa, struct kern_panel *out);
 
 /* Name of a level: "portable", "avx2", "avx512", "avx512-vnni". */
 const char *kern_isa_name(enum kern_isa isa);
@@ -108,6 +131,52 @@ float kern_avx512_vec_dot_q8_0(const void *restrict w, const void *restrict xq, 
 float kern_vnni_vec_dot_q4_0(const void *restrict w, const void *restrict xq, int64_t n);
 float kern_vnni_vec_dot_q8_0(const void *restrict w, const void *restrict xq, int64_t n);
 
+/* ---- panels: f32/f16/bf16 weights repacked for batches (kernels/panel*.c) ----
+ *
+ * A [k, n] weight (n rows of k elements) is stored as ceil(n / 16) panels of
+ * KERN_PANEL_ROWS rows interleaved by column, pw[p][j][r] = W[16 p + r][j]
+ * (rows past n zero), in the weight's own type. One k step of a panel is one
+ * 64-byte line (f32) or half of one (f16/bf16), so a SIMD register holds the
+ * weights of 16 outputs and a tile of tokens x panels reuses each weight load
+ * for every token of the tile: the weights stream from memory once per
+ * matmul whatever the batch size, and the product runs at the FMA rate, not
+ * at the rate OpenBLAS's per-call packing leaves for small batches.
+ *
+ * Batch invariance: every output y[t][i] is one accumulator taking
+ * fma(W[i][j], x[t][j], acc) for j = 0 .. k-1 in that order, in every
+ * implementation (portable with fmaf, AVX2, AVX-512) and every tile shape. A
+ * token's result therefore depends only on its own activations, bit for bit,
+ * at any batch size and position, and all levels agree exactly. */
+
+/* True for the types that have a panel layout (f32, f16, bf16). */
+bool kern_panel_supports(enum quant_type t);
+
+/* Bytes of w's panels (a 2-D tensor of a type kern_panel_supports()). */
+size_t kern_panel_bytes(const struct tensor *w);
+
+/* Writes w's panels into dst (kern_panel_bytes(w), 64-byte aligned). Reads
+ * every row of w once. */
+void kern_panel_pack(const struct tensor *w, void *dst);
+
+void kern_panel_ref_f32(const float *restrict x, int64_t n_tokens, const void *restrict pw,
+                        int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_panel_ref_f16(const float *restrict x, int64_t n_tokens, const void *restrict pw,
+                        int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_panel_ref_bf16(const float *restrict x, int64_t n_tokens, const void *restrict pw,
+                         int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_panel_avx2_f32(const float *restrict x, int64_t n_tokens, const void *restrict pw,
+                         int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_panel_avx2_f16(const float *restrict x, int64_t n_tokens, const void *restrict pw,
+                         int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_panel_avx2_bf16(const float *restrict x, int64_t n_tokens, const void *restrict pw,
+                          int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_panel_avx512_f32(const float *restrict x, int64_t n_tokens, const void *restrict pw,
+                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_panel_avx512_f16(const float *restrict x, int64_t n_tokens, const void *restrict pw,
+                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_panel_avx512_bf16(const float *restrict x, int64_t n_tokens, const void *restrict pw,
+                            int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+
 /* ---- matrix products (kernels/blas.c) -------------------------------------- */
 
 /* Quantized weights multiply by integer dot products against activations
@@ -149,12 +218,12 @@ void kern_scratch_free(struct kern_scratch *s);  // safe on a zeroed struct
  * tokens then use integer row dots (kern_get()->vec_dot), more use the same
  * rounded activations in f32 against dequantized weight tiles in sgemm. Both
  * compute dequant(W) . dequant(q8(x)) up to float rounding. The output rows of W
- * are split across the pool's threads. Up to KERN_GEMV_MAX_TOKENS tokens (decode)
- * use our own row-dot kernels, which read each weight row once straight from
- * the mapping in its own type (memory-bound: fewer bytes is faster); more
- * tokens (prefill) go to OpenBLAS sgemm, f16/bf16 rows converted tile by tile
- * into the scratch first (the model is never copied whole). x and y must not
- * alias. */
+ * are split across the pool's threads. f32/f16/bf16 weights with panels
+ * (w->panels, as a loaded model's matrices have) use the panel products at
+ * every batch size (batch-invariant bit for bit, see "panels"). Without
+ * panels, up to KERN_GEMV_MAX_TOKENS tokens use our own row-dot kernels over
+ * the rows in their own type, and more go to OpenBLAS sgemm, f16/bf16 rows
+ * converted tile by tile into the scratch first. x and y must not alias. */
 void kern_matmul(struct threadpool *pool, struct kern_scratch *scratch, const struct tensor *w,
                  const float *x, int64_t n_tokens, float *y);
 

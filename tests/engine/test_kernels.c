@@ -1,7 +1,9 @@
 /*
  * test_kernels.c - every SIMD path present on this machine against the
- * portable reference, and kern_matmul (row-dot decode path and sgemm prefill
- * path, f32/f16/bf16 weights) against a float64 matrix product.
+ * portable reference, and kern_matmul (panels, as loaded models use; and the
+ * row-dot and sgemm paths of unpacked f32/f16/bf16 weights) against a float64
+ * matrix product. Panel products: every level bit-identical to the portable
+ * one and batch-invariant bit for bit.
  * Quantized weights: every vec_dot level the CPU has (portable, AVX2, AVX-512,
  * VNNI) against the portable one and against float64 over the dequantized
  * operands; kern_matmul on quantized weights (integer and sgemm paths) against
@@ -73,9 +75,11 @@ static void test_kernels_simd_dots_match_reference(void **state) {
     }
 }
 
-/* W: [k, n] tensor of type t over random data; checks y = x W^T for n_tokens. */
+/* W: [k, n] tensor of type t over random data; checks y = x W^T for n_tokens,
+ * through the weight's panels when `panels` (the loaded-model path), else
+ * through its rows (row dots and sgemm). */
 static void check_matmul(struct threadpool *pool, enum quant_type t, int64_t k, int64_t n,
-                         int64_t n_tokens) {
+                         int64_t n_tokens, bool panels) {
     size_t esz = t == QUANT_F32 ? 4 : 2;
     void *data = malloc((size_t)(k * n) * esz);
     float *wf = malloc((size_t)(k * n) * sizeof(float));  // the values W holds
@@ -94,6 +98,12 @@ static void check_matmul(struct threadpool *pool, enum quant_type t, int64_t k, 
     }
     struct tensor w = {.type = t, .n_dims = 2, .ne = {k, n, 1, 1},
                        .row_bytes = (size_t)k * esz, .data = data};
+    void *pw = NULL;
+    if (panels) {
+        pw = aligned_alloc(64, (kern_panel_bytes(&w) + 63) / 64 * 64);
+        kern_panel_pack(&w, pw);
+        w.panels = pw;
+    }
     float *x = malloc((size_t)(n_tokens * k) * sizeof(float));
     float *y = malloc((size_t)(n_tokens * n) * sizeof(float));
     for (int64_t i = 0; i < n_tokens * k; i++) x[i] = frand();
@@ -109,13 +119,14 @@ static void check_matmul(struct threadpool *pool, enum quant_type t, int64_t k, 
             }
             double got = y[tt * n + r];
             if (fabs(got - e) > 1e-5 * (mag + 1.0)) {
-                fail_msg("%s k=%lld n=%lld tokens=%lld: y[%lld][%lld] = %g, expected %g",
+                fail_msg("%s k=%lld n=%lld tokens=%lld panels=%d: y[%lld][%lld] = %g, expected %g",
                          quant_name(t), (long long)k, (long long)n, (long long)n_tokens,
-                         (long long)tt, (long long)r, got, e);
+                         (int)panels, (long long)tt, (long long)r, got, e);
             }
         }
     }
     kern_scratch_free(&ks);
+    free(pw);
     free(data);
     free(wf);
     free(x);
@@ -132,14 +143,82 @@ static void test_kernels_matmul_matches_float64(void **state) {
         kern_dispatch_init(portable == 1);
         for (size_t ti = 0; ti < 3; ti++) {
             for (size_t ni = 0; ni < sizeof(tokens) / sizeof(tokens[0]); ni++) {
-                // Odd sizes: rows not a multiple of the thread split or the tile.
-                check_matmul(pool, types[ti], 67, 131, tokens[ni]);
-                check_matmul(pool, types[ti], 128, 200, tokens[ni]);
+                // Odd sizes: rows not a multiple of the thread split, the tile or a panel.
+                for (int panels = 0; panels < 2; panels++) {
+                    check_matmul(pool, types[ti], 67, 131, tokens[ni], panels);
+                    check_matmul(pool, types[ti], 128, 200, tokens[ni], panels);
+                }
             }
         }
     }
     kern_dispatch_init(false);
     threadpool_free(pool);
+}
+
+/* Panel products: every level the CPU has equals the portable one bit for
+ * bit, and a token's row is the same bits alone, at any position of any
+ * batch, and over any split of the panels (kernels.h, "Batch invariance"). */
+static void test_kernels_panels_every_isa_bit_identical_and_batch_invariant(void **state) {
+    (void)state;
+    const enum kern_isa top = kern_isa_detect();
+    const enum quant_type types[] = {QUANT_F32, QUANT_F16, QUANT_BF16};
+    const int64_t shapes[][2] = {{67, 131}, {128, 200}, {768, 48}, {5, 16}};
+    const int64_t max_tokens = 37;
+    for (size_t ti = 0; ti < 3; ti++) {
+        for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+            const enum quant_type t = types[ti];
+            const int64_t k = shapes[si][0];
+            const int64_t n = shapes[si][1];
+            const size_t esz = t == QUANT_F32 ? 4 : 2;
+            void *data = malloc((size_t)(k * n) * esz);
+            for (int64_t i = 0; i < k * n; i++) {
+                float v = frand();
+                if (t == QUANT_F32) ((float *)data)[i] = v;
+                if (t == QUANT_F16) ((uint16_t *)data)[i] = quant_f32_to_f16(v);
+                if (t == QUANT_BF16) ((uint16_t *)data)[i] = quant_f32_to_bf16(v);
+            }
+            struct tensor w = {.type = t, .n_dims = 2, .ne = {k, n, 1, 1},
+                               .row_bytes = (size_t)k * esz, .data = data};
+            void *pw = aligned_alloc(64, (kern_panel_bytes(&w) + 63) / 64 * 64);
+            kern_panel_pack(&w, pw);
+            const int64_t n_panels = (n + KERN_PANEL_ROWS - 1) / KERN_PANEL_ROWS;
+            float *x = malloc((size_t)(max_tokens * k) * sizeof(float));
+            float *want = malloc((size_t)(max_tokens * n) * sizeof(float));
+            float *got = malloc((size_t)(max_tokens * n) * sizeof(float));
+            for (int64_t i = 0; i < max_tokens * k; i++) x[i] = frand();
+            struct kern_panel ref;
+            kern_panel_table(KERN_ISA_PORTABLE, &ref);
+            kern_panel_fn ref_fn = t == QUANT_F32 ? ref.f32 : t == QUANT_F16 ? ref.f16 : ref.bf16;
+            // every token alone, by the portable code: the oracle of every row
+            for (int64_t tt = 0; tt < max_tokens; tt++) {
+                ref_fn(x + tt * k, 1, pw, k, n, 0, n_panels, want + tt * n);
+            }
+            for (int isa = KERN_ISA_PORTABLE; isa <= (int)top; isa++) {
+                struct kern_panel tab;
+                kern_panel_table((enum kern_isa)isa, &tab);
+                kern_panel_fn fn = t == QUANT_F32 ? tab.f32 : t == QUANT_F16 ? tab.f16 : tab.bf16;
+                for (int64_t m = 1; m <= max_tokens; m += (m < 18 ? 1 : 9)) {
+                    // tokens [first, first + m) as one batch, panels in two uneven parts
+                    const int64_t first = (m * 7) % (max_tokens - m + 1);
+                    const int64_t split = n_panels / 3;
+                    memset(got, 0xff, (size_t)(m * n) * sizeof(float));
+                    fn(x + first * k, m, pw, k, n, 0, split, got);
+                    fn(x + first * k, m, pw, k, n, split, n_panels, got);
+                    if (memcmp(got, want + first * n, (size_t)(m * n) * sizeof(float)) != 0) {
+                        fail_msg("%s k=%lld n=%lld %s: a batch of %lld tokens from %lld differs "
+                                 "from the tokens alone (portable)", quant_name(t), (long long)k,
+                                 (long long)n, kern_isa_name((enum kern_isa)isa), (long long)m,
+                                 (long long)first);
+                    }
+                }
+            }
+            free(data);
+            free(pw);
+            free(x);
+            free(want);
+            free(got);
+        }
+    }
 }
 
 static const enum quant_type qtypes[] = {QUANT_Q4_0, QUANT_Q4_1, QUANT_Q5_0, QUANT_Q5_1,
@@ -308,6 +387,7 @@ int main(void) {
         cmocka_unit_test(test_kernels_simd_dots_match_reference),
         cmocka_unit_test(test_kernels_matmul_matches_float64),
         cmocka_unit_test(test_kernels_vec_dots_every_isa_match_portable),
+        cmocka_unit_test(test_kernels_panels_every_isa_bit_identical_and_batch_invariant),
         cmocka_unit_test(test_kernels_quantized_matmul_matches_float64),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
