@@ -25,6 +25,7 @@ void config_init_defaults(struct config *c) {
     c->n_threads = 0;
     c->kv_bytes = 256LL * 1024 * 1024;
     c->block_size = 16;
+    c->kv_type = xstrdup("f32");
     c->max_seqs = 64;
     c->max_batch_tokens = 2048;
     c->max_queue = 1024;
@@ -39,6 +40,7 @@ void config_deinit(struct config *c) {
     free(c->host);
     free(c->model_path);
     free(c->model_name);
+    free(c->kv_type);
     for (int32_t i = 0; i < c->n_api_keys; i++) {
         // Keys are secrets: clear them before the memory goes back.
         volatile char *k = c->api_keys[i];

@@ -30,6 +30,7 @@ struct config {
     int32_t n_ctx;                // most tokens per sequence; 0: the model's context_length
     int64_t kv_bytes;             // KV cache budget in bytes
     int32_t block_size;           // tokens per KV block
+    char *kv_type;                // owned; KV storage: "f32" (default), "f16" or "q8_0"
     int32_t max_seqs;             // sequences running at once
     int32_t max_batch_tokens;     // token budget of one step
     int32_t max_queue;            // requests waiting before 429

@@ -23,7 +23,7 @@ static int apply_value(struct config *c, const struct setting *s, json_t *v, con
     const char *text = NULL;
     if (json_is_string(v)) {
         text = json_string_value(v);
-    } else if (json_is_integer(v) && s->kind != SETTING_KIND_STR &&
+    } else if (json_is_integer(v) && s->kind != SETTING_KIND_STR && s->kind != SETTING_KIND_CHOICE &&
                s->kind != SETTING_KIND_LOGLEVEL && s->kind != SETTING_KIND_KEY) {
         snprintf(num, sizeof(num), "%lld", (long long)json_integer_value(v));
         text = num;

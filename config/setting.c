@@ -6,6 +6,7 @@
 #include "config/setting.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +36,9 @@ const struct setting setting_table[] = {
      "SIZE", "memory for the KV cache, e.g. 512M, 4G"},
     {"block-size", 0, "block_size", SETTING_KIND_I32, OFF(block_size), 1, 1024, "N",
      "tokens per KV block"},
+    // The names are engine_kv_type_parse()'s: config/ may not include engine.h.
+    {"kv-type", 0, "kv_type", SETTING_KIND_CHOICE, OFF(kv_type), 0, 0, "f32|f16|q8_0",
+     "KV cache storage: f32, f16 (half the bytes) or q8_0 (int8 + scales, ~0.27x)"},
     {"max-seqs", 0, "max_seqs", SETTING_KIND_I32, OFF(max_seqs), 1, 65536, "N",
      "most sequences running at once"},
     {"max-batch-tokens", 0, "max_batch_tokens", SETTING_KIND_I32, OFF(max_batch_tokens), 1,
@@ -84,13 +88,31 @@ int config_parse_size(const char *s, int64_t *out) {
     return 0;
 }
 
+/* True when value is one of the '|'-separated words of choices. */
+static bool is_choice(const char *choices, const char *value) {
+    const size_t n = strlen(value);
+    for (const char *w = choices; *w;) {
+        const char *e = strchr(w, '|');
+        const size_t len = e ? (size_t)(e - w) : strlen(w);
+        if (n > 0 && len == n && memcmp(w, value, n) == 0) return true;
+        if (!e) break;
+        w = e + 1;
+    }
+    return false;
+}
+
 int setting_apply(struct config *c, const struct setting *s, const char *value,
                   const char *where, char *msg, size_t msg_size) {
     char *base = (char *)c;
     switch (s->kind) {
+    case SETTING_KIND_CHOICE:
     case SETTING_KIND_STR: {
         if (!*value) {
             snprintf(msg, msg_size, "%s: empty value", where);
+            return ERR_INVAL;
+        }
+        if (s->kind == SETTING_KIND_CHOICE && !is_choice(s->arg, value)) {
+            snprintf(msg, msg_size, "%s: '%s' is not one of %s", where, value, s->arg);
             return ERR_INVAL;
         }
         char **field = (char **)(void *)(base + s->offset);
@@ -168,6 +190,7 @@ int setting_apply(struct config *c, const struct setting *s, const char *value,
 void setting_format(const struct config *c, const struct setting *s, char *out, size_t out_size) {
     const char *base = (const char *)c;
     switch (s->kind) {
+    case SETTING_KIND_CHOICE:
     case SETTING_KIND_STR: {
         const char *v = *(char *const *)(const void *)(base + s->offset);
         snprintf(out, out_size, "%s", v ? v : "(none)");

@@ -14,6 +14,7 @@ struct config;
 
 enum setting_kind {
     SETTING_KIND_STR,       // char * field, replaced (owned copy)
+    SETTING_KIND_CHOICE,    // char * field, one of the '|'-separated words of `arg`
     SETTING_KIND_I32,       // int32_t field in [lo, hi]
     SETTING_KIND_SIZE,      // int64_t byte count, "512M" style
     SETTING_KIND_LOGLEVEL,  // enum log_level

@@ -11,7 +11,9 @@
  *   out_r = acc / l
  *
  * K tiles are stored transposed ([head_dim][block_size], engine/kv.h) so the
- * scores of a block come from vector FMAs with no horizontal sums.
+ * scores of a block come from vector FMAs with no horizontal sums. The walk is
+ * the same for every KV type: the kernels (kern_attn, one table per type)
+ * read f16 and q8_0 tiles as they are, converting in registers.
  */
 #include "engine/attention.h"
 
@@ -49,6 +51,7 @@ static void attention_items(void *arg, int64_t begin, int64_t end, int32_t ith, 
     const struct kv_store *kv = a->kv;
     const struct engine_batch *b = a->batch;
     const struct kern_attn *kern = a->kern;
+    ASSERT(kern->kv_type == kv->type);
     const int32_t n_head_kv = kv->n_head_kv;
     const int32_t hd = kv->head_dim;
     const int32_t bs = kv->block_size;
@@ -95,8 +98,8 @@ static void attention_items(void *arg, int64_t begin, int64_t end, int32_t ith, 
             const int32_t block = sq->block_table[bi];
             ASSERT(block > 0 && block < kv->n_blocks);
             const int32_t base = bi * bs;
-            const float *kt = kv_k_tile(kv, a->layer, block, g);  // [hd][bs]
-            const float *vt = kv_v_tile(kv, a->layer, block, g);  // [bs][hd]
+            const void *kt = kv_k_tile(kv, a->layer, block, g);  // [hd][bs] of kv->type
+            const void *vt = kv_v_tile(kv, a->layer, block, g);  // [bs][hd] of kv->type
 
             // Scores of every row against the whole block, 4 rows at a time.
             for (int32_t r = 0; r < n_rows; r += KERN_ATTN_ROWS) {
@@ -113,7 +116,7 @@ static void attention_items(void *arg, int64_t begin, int64_t end, int32_t ith, 
                 for (int32_t j = j0; j <= j1; j++) mx = sr[j] > mx ? sr[j] : mx;
                 const float corr = expf(m[r] - mx);  // 0 on the row's first block
                 const float sum = kern->exp_sum(P, sr + j0, mx, j1 - j0 + 1);
-                kern->pv(acc + (size_t)r * hd, corr, P, vt + (size_t)j0 * hd, j1 - j0 + 1, hd);
+                kern->pv(acc + (size_t)r * hd, corr, P, vt, j0, j1 - j0 + 1, hd, bs);
                 l[r] = l[r] * corr + sum;
                 m[r] = mx;
             }

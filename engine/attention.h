@@ -41,7 +41,7 @@ struct attention_args {
     int32_t n_head;
     int32_t window;       // 0: full causal attention; W: keys in (pos - W, pos]
     float scale;          // usually 1 / sqrt(head_dim)
-    const struct kern_attn *kern;  // inner kernels (kern_attn_select)
+    const struct kern_attn *kern;  // inner kernels of kv->type (kern_attn_select)
     float *scratch;       // [n_threads][scratch_floats]
     size_t scratch_floats;  // per thread, from attention_scratch_floats()
 };

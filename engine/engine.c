@@ -27,12 +27,34 @@ struct engine_ctx_params engine_ctx_default_params(void) {
         .block_size = 16,
         .max_adapters = 0,
         .n_blocks = 1024,
+        .kv_type = ENGINE_KV_TYPE_F32,
     };
 }
 
-size_t engine_kv_block_bytes(const struct engine_model *m, int32_t block_size) {
+static const char *const kv_type_names[ENGINE_KV_TYPE_COUNT] = {
+    [ENGINE_KV_TYPE_F32] = "f32",
+    [ENGINE_KV_TYPE_F16] = "f16",
+    [ENGINE_KV_TYPE_Q8_0] = "q8_0",
+};
+
+const char *engine_kv_type_name(enum engine_kv_type t) {
+    return t >= 0 && t < ENGINE_KV_TYPE_COUNT ? kv_type_names[t] : "?";
+}
+
+int engine_kv_type_parse(const char *name, enum engine_kv_type *out) {
+    for (int i = 0; i < ENGINE_KV_TYPE_COUNT; i++) {
+        if (name && strcmp(name, kv_type_names[i]) == 0) {
+            *out = (enum engine_kv_type)i;
+            return 0;
+        }
+    }
+    return ERR_INVAL;
+}
+
+size_t engine_kv_block_bytes(const struct engine_model *m, int32_t block_size,
+                             enum engine_kv_type kv_type) {
     const struct hparams *hp = &m->hp;
-    return kv_block_bytes(hp->n_layer, hp->n_head_kv, hp->head_dim, block_size);
+    return kv_block_bytes(kv_type, hp->n_layer, hp->n_head_kv, hp->head_dim, block_size);
 }
 
 void engine_ctx_free(struct engine_ctx *ctx) {
@@ -75,11 +97,12 @@ int engine_ctx_create(const struct engine_model *m, const struct engine_ctx_para
     if (prm.max_outputs <= 0) prm.max_outputs = prm.max_seqs;
     if (prm.max_batch_tokens < 1 || prm.max_batch_tokens > (1 << 20) || prm.max_seqs < 1 ||
         prm.max_outputs < 1 || prm.max_outputs > prm.max_batch_tokens || prm.block_size < 1 ||
-        prm.block_size > 4096 || prm.n_blocks < 2 || prm.n_threads > 1024) {
+        prm.block_size > 4096 || prm.n_blocks < 2 || prm.n_threads > 1024 ||
+        prm.kv_type < 0 || prm.kv_type >= ENGINE_KV_TYPE_COUNT) {
         LOG_ERROR("%s: invalid context parameters (max_batch_tokens=%d max_seqs=%d "
-                  "max_outputs=%d block_size=%d n_blocks=%d threads=%d)", __func__,
+                  "max_outputs=%d block_size=%d n_blocks=%d threads=%d kv_type=%d)", __func__,
                   prm.max_batch_tokens, prm.max_seqs, prm.max_outputs, prm.block_size,
-                  prm.n_blocks, prm.n_threads);
+                  prm.n_blocks, prm.n_threads, (int)prm.kv_type);
         return ERR_INVAL;
     }
     if (prm.max_seqs > prm.max_batch_tokens) prm.max_seqs = prm.max_batch_tokens;
@@ -106,8 +129,8 @@ int engine_ctx_create(const struct engine_model *m, const struct engine_ctx_para
     if ((int64_t)n_q > max_k) max_k = (int64_t)n_q;
     err = kern_scratch_init(&ctx->kscratch, ctx->params.n_threads, max_k);
     if (err) goto fail;
-    err = kv_init(&ctx->kv, hp->n_layer, prm.n_blocks, prm.block_size, hp->n_head_kv,
-                  hp->head_dim);
+    err = kv_init(&ctx->kv, prm.kv_type, hp->n_layer, prm.n_blocks, prm.block_size,
+                  hp->n_head_kv, hp->head_dim);
     if (err) goto fail;
 
     ctx->x = alloc_floats(T, (size_t)hp->n_embd, &err);
@@ -129,7 +152,7 @@ int engine_ctx_create(const struct engine_model *m, const struct engine_ctx_para
     ctx->att_tiles = malloc(T * sizeof(*ctx->att_tiles));
     if (!ctx->att_tiles) err = ERR_NOMEM;
     // Attention follows the kernels' choice: portable when they were forced portable.
-    ctx->attn_kern = kern_attn_select(kern_get()->dot_f32 == kern_ref_dot_f32);
+    ctx->attn_kern = kern_attn_select(prm.kv_type, kern_get()->dot_f32 == kern_ref_dot_f32);
     if (err) {
         LOG_ERROR("%s: cannot allocate scratch for %d tokens and %d outputs", __func__,
                   prm.max_batch_tokens, prm.max_outputs);

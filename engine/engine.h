@@ -84,6 +84,26 @@ const char *engine_model_chat_template(const struct engine_model *m);
 
 /* ---- context and KV storage -------------------------------------------- */
 
+/* How K and V are stored in the KV pool; engine/kv.h has the exact layouts.
+ * Per token, layer and kv head (K and V together, hd = head_dim):
+ *   F32:  8 * hd bytes
+ *   F16:  4 * hd bytes (IEEE half)
+ *   Q8_0: 2 * (hd + 4 * ceil(hd / 32)) bytes: int8 values with one f32 scale
+ *         per 32 values along head_dim (GGUF Q8_0 style), e.g. 272 for hd 128 */
+enum engine_kv_type {
+    ENGINE_KV_TYPE_F32,
+    ENGINE_KV_TYPE_F16,
+    ENGINE_KV_TYPE_Q8_0,
+    ENGINE_KV_TYPE_COUNT,
+};
+
+/* "f32", "f16" or "q8_0". [any thread] */
+const char *engine_kv_type_name(enum engine_kv_type t);
+
+/* Parses one of those names into *out. Returns 0, or ERR_INVAL for anything
+ * else (not logged: the caller names the flag). [any thread] */
+int engine_kv_type_parse(const char *name, enum engine_kv_type *out);
+
 struct engine_ctx_params {
     int32_t n_threads;         // kernel threads (and OpenBLAS threads); 0: all cores
     int32_t max_batch_tokens;  // most tokens in one engine_forward()
@@ -93,13 +113,15 @@ struct engine_ctx_params {
     int32_t n_blocks;          // KV blocks in the pool, block 0 included (block 0 is the
                                // null block: never written, never read)
     int32_t max_adapters;      // adapter slots (engine/lora.h); 0: adapters not used
+    enum engine_kv_type kv_type;  // storage of the KV pool (default F32)
 };
 
 struct engine_ctx_params engine_ctx_default_params(void);
 
-/* Bytes one KV block takes for this model (K and V of every layer). Lets the
- * caller turn a memory budget into n_blocks. */
-size_t engine_kv_block_bytes(const struct engine_model *m, int32_t block_size);
+/* Bytes one KV block of kv_type takes for this model (K and V of every
+ * layer). Lets the caller turn a memory budget into n_blocks. */
+size_t engine_kv_block_bytes(const struct engine_model *m, int32_t block_size,
+                             enum engine_kv_type kv_type);
 
 /* Creates a context: worker pool, scratch for max_batch_tokens, the KV pool.
  * *out is owned by the caller (engine_ctx_free()). Returns 0, ERR_INVAL (bad

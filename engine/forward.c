@@ -55,22 +55,16 @@ static void swiglu_items(void *arg, int64_t begin, int64_t end, int32_t ith, int
     }
 }
 
-/* Writes this batch's K and V into the sequences' blocks. */
+/* Writes this batch's K and V into the sequences' blocks, in the KV type. */
 static void kv_write(const struct kv_store *kv, int32_t il, const struct engine_batch *b,
                      const float *k, const float *v) {
-    const int32_t hd = kv->head_dim;
+    const int32_t n_kv = kv->n_head_kv * kv->head_dim;
     const int32_t bs = kv->block_size;
     for (int32_t t = 0; t < b->n_tokens; t++) {
         const struct engine_seq *sq = &b->seqs[b->seq[t]];
         const int32_t pos = b->pos[t];
-        const int32_t block = sq->block_table[pos / bs];
-        const int32_t slot = pos % bs;
-        for (int32_t h = 0; h < kv->n_head_kv; h++) {
-            const size_t src = ((size_t)t * kv->n_head_kv + (size_t)h) * hd;
-            float *kt = kv_k_tile(kv, il, block, h);  // [hd][bs]: column `slot`
-            for (int32_t d = 0; d < hd; d++) kt[(size_t)d * bs + slot] = k[src + d];
-            memcpy(kv_v_tile(kv, il, block, h) + (size_t)slot * hd, v + src, hd * sizeof(float));
-        }
+        kv_write_token(kv, il, sq->block_table[pos / bs], pos % bs, k + (size_t)t * n_kv,
+                       v + (size_t)t * n_kv);
     }
 }
 

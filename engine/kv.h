@@ -4,10 +4,22 @@
  * by (layer, block id, kv head); the scheduler decides which block id belongs
  * to which sequence, the engine only reads and writes where it is told.
  *
- * Layout of each of K and V (f32): [n_layer][n_blocks][n_head_kv][tile], one
- * contiguous tile per kv head of a block, which is what attention walks:
- *   K tile: [head_dim][block_size]  (transposed: a block's scores are vector FMAs)
- *   V tile: [block_size][head_dim]
+ * Each of K and V is [n_layer][n_blocks][n_head_kv][tile], one contiguous tile
+ * per kv head of a block, which is what attention walks (bs = block_size,
+ * hd = head_dim, ng = ceil(hd / 32) groups of 32 values along head_dim):
+ *
+ *   f32   K tile: float    k[hd][bs]     transposed: a block's scores are vector FMAs
+ *         V tile: float    v[bs][hd]
+ *   f16   the same, in IEEE halves (uint16_t)
+ *   q8_0  K tile: float    d[ng][bs]     scale of group g of token j
+ *                 int8_t   q[hd][bs]     k[dim][j] = d[dim / 32][j] * q[dim][j]
+ *         V tile: float    d[bs][ng]
+ *                 int8_t   q[bs][hd]     v[j][dim] = d[j][dim / 32] * q[j][dim]
+ *   (f16 and q8_0 tiles are padded to a multiple of 4 bytes: scales stay aligned)
+ *
+ * q8_0 quantizes each token's values per group on write as GGUF's Q8_0 does:
+ * d = max |x| / 127, q = round(x / d), so |x - d q| <= d / 2 = max |x| / 254.
+ * A token's stored bytes depend only on its own K/V, never on the batch.
  * Block 0 is the null block: never written.
  */
 #ifndef LLMSERVE_KV_H
@@ -16,38 +28,57 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/engine.h"
+
+#define KV_Q8_0_GROUP 32  // values per scale along head_dim (QK8_0)
+
 struct kv_store {
+    enum engine_kv_type type;
     int32_t n_layer;
     int32_t n_blocks;
     int32_t block_size;
     int32_t n_head_kv;
     int32_t head_dim;
-    size_t head_floats;   // block_size * head_dim: one kv head of one block
-    size_t block_floats;  // n_head_kv * head_floats
-    float *k;             // owned
-    float *v;             // owned
+    size_t tile_bytes;    // one kv head of one block, K or V (kv_tile_bytes)
+    size_t block_bytes;   // n_head_kv * tile_bytes: one block of one layer
+    uint8_t *k;           // owned
+    uint8_t *v;           // owned
 };
 
+/* Bytes of one K (or V) tile: one kv head of one block. */
+size_t kv_tile_bytes(enum engine_kv_type type, int32_t head_dim, int32_t block_size);
+
 /* Bytes one block takes over all layers, K and V. */
-size_t kv_block_bytes(int32_t n_layer, int32_t n_head_kv, int32_t head_dim, int32_t block_size);
+size_t kv_block_bytes(enum engine_kv_type type, int32_t n_layer, int32_t n_head_kv,
+                      int32_t head_dim, int32_t block_size);
 
 /* Allocates the storage. Returns 0 or ERR_NOMEM (logged with the size). */
-int kv_init(struct kv_store *kv, int32_t n_layer, int32_t n_blocks, int32_t block_size,
-            int32_t n_head_kv, int32_t head_dim);
+int kv_init(struct kv_store *kv, enum engine_kv_type type, int32_t n_layer, int32_t n_blocks,
+            int32_t block_size, int32_t n_head_kv, int32_t head_dim);
 
 /* Frees; safe on a zeroed struct. */
 void kv_free(struct kv_store *kv);
 
-/* The K tile [head_dim][block_size] (kv_k_tile) or V tile [block_size][head_dim]
- * (kv_v_tile) of kv head h of block b in layer il. */
-static inline float *kv_k_tile(const struct kv_store *kv, int32_t il, int32_t b, int32_t h) {
-    return kv->k + ((size_t)il * (size_t)kv->n_blocks + (size_t)b) * kv->block_floats +
-           (size_t)h * kv->head_floats;
+/* The K tile or V tile of kv head h of block b in layer il (layouts above). */
+static inline void *kv_k_tile(const struct kv_store *kv, int32_t il, int32_t b, int32_t h) {
+    return kv->k + ((size_t)il * (size_t)kv->n_blocks + (size_t)b) * kv->block_bytes +
+           (size_t)h * kv->tile_bytes;
 }
 
-static inline float *kv_v_tile(const struct kv_store *kv, int32_t il, int32_t b, int32_t h) {
-    return kv->v + ((size_t)il * (size_t)kv->n_blocks + (size_t)b) * kv->block_floats +
-           (size_t)h * kv->head_floats;
+static inline void *kv_v_tile(const struct kv_store *kv, int32_t il, int32_t b, int32_t h) {
+    return kv->v + ((size_t)il * (size_t)kv->n_blocks + (size_t)b) * kv->block_bytes +
+           (size_t)h * kv->tile_bytes;
 }
+
+/* Stores one token's K and V ([n_head_kv][head_dim] floats each) into slot
+ * `slot` of block `block` in layer il, converting to the store's type.
+ * Distinct (block, slot) pairs may be written from different threads. */
+void kv_write_token(const struct kv_store *kv, int32_t il, int32_t block, int32_t slot,
+                    const float *k, const float *v);
+
+/* The stored values of one token back as floats ([n_head_kv][head_dim] each):
+ * what attention computes with. For tests and tools, not the hot path. */
+void kv_read_token(const struct kv_store *kv, int32_t il, int32_t block, int32_t slot, float *k,
+                   float *v);
 
 #endif

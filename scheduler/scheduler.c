@@ -90,6 +90,7 @@ struct scheduler_params scheduler_default_params(void) {
         .block_size = SCHEDULER_BLOCK_SIZE_DEFAULT,
         .kv_blocks = 0,
         .kv_memory_mib = 256,
+        .kv_type = ENGINE_KV_TYPE_F32,
         .max_seqs = 64,
         .max_batch_tokens = 512,
         .max_queue = 1024,
@@ -424,7 +425,7 @@ bool scheduler_is_alive(struct scheduler *s) {
 
 static int32_t pool_blocks(const struct engine_model *model, const struct scheduler_params *p) {
     if (p->kv_blocks > 0) return p->kv_blocks;
-    size_t bb = engine_kv_block_bytes(model, p->block_size);
+    size_t bb = engine_kv_block_bytes(model, p->block_size, p->kv_type);
     if (bb == 0) return 0;
     size_t n = ((size_t)p->kv_memory_mib << 20) / bb;
     if (n > (1u << 24)) n = 1u << 24;
@@ -436,7 +437,8 @@ int scheduler_create(const struct engine_model *model, const struct scheduler_pa
     *out = NULL;
     if (p->block_size < 1 || p->block_size > 1024 || p->max_seqs < 1 ||
         p->max_batch_tokens < 1 || p->max_queue < 1 || p->kv_blocks < 0 ||
-        (p->kv_blocks == 0 && p->kv_memory_mib < 1) || p->n_ctx < 0) {
+        (p->kv_blocks == 0 && p->kv_memory_mib < 1) || p->n_ctx < 0 ||
+        p->kv_type < 0 || p->kv_type >= ENGINE_KV_TYPE_COUNT) {
         LOG_ERROR("%s: bad params block_size=%d max_seqs=%d max_batch_tokens=%d max_queue=%d "
                   "kv_blocks=%d kv_memory_mib=%d", __func__, (int)p->block_size,
                   (int)p->max_seqs, (int)p->max_batch_tokens, (int)p->max_queue,
@@ -446,7 +448,7 @@ int scheduler_create(const struct engine_model *model, const struct scheduler_pa
     int32_t n_blocks = pool_blocks(model, p);
     if (n_blocks < 2) {
         LOG_ERROR("%s: a KV budget of %d MiB holds no block of %zu bytes", __func__,
-                  (int)p->kv_memory_mib, engine_kv_block_bytes(model, p->block_size));
+                  (int)p->kv_memory_mib, engine_kv_block_bytes(model, p->block_size, p->kv_type));
         return ERR_INVAL;
     }
     struct scheduler *s = calloc(1, sizeof(*s));
@@ -475,6 +477,7 @@ int scheduler_create(const struct engine_model *model, const struct scheduler_pa
     cp.max_outputs = p->max_seqs < p->max_batch_tokens ? p->max_seqs : p->max_batch_tokens;
     cp.block_size = p->block_size;
     cp.n_blocks = n_blocks;
+    cp.kv_type = p->kv_type;
     int err = engine_ctx_create(model, &cp, &s->ctx);
     if (err) goto fail;
     err = block_alloc_create(n_blocks, p->block_size, &s->alloc);
@@ -512,9 +515,10 @@ int scheduler_create(const struct engine_model *model, const struct scheduler_pa
     if (uv_mutex_init(&s->stats_lock) != 0) goto fail;
     s->has_stats = true;
     publish_stats(s);
-    LOG_INFO("scheduler: kv_blocks=%d block_size=%d kv_mib=%.1f max_seqs=%d max_batch_tokens=%d "
+    LOG_INFO("scheduler: kv_blocks=%d block_size=%d kv_type=%s kv_mib=%.1f max_seqs=%d max_batch_tokens=%d "
              "prefix_cache=%d n_ctx=%d", (int)(n_blocks - 1), (int)p->block_size,
-             (double)engine_kv_block_bytes(model, p->block_size) * (n_blocks - 1) / 1048576.0,
+             engine_kv_type_name(p->kv_type),
+             (double)engine_kv_block_bytes(model, p->block_size, p->kv_type) * (n_blocks - 1) / 1048576.0,
              (int)p->max_seqs, (int)p->max_batch_tokens, (int)p->enable_prefix_cache,
              (int)s->n_ctx);
     *out = s;

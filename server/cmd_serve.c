@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "config/config.h"
+#include "engine/base/alloc.h"
 #include "engine/base/clock.h"
 #include "engine/base/err.h"
 #include "engine/base/log.h"
@@ -97,6 +98,8 @@ int cmd_serve(int argc, char **argv) {
     sp.max_queue = cfg.max_queue;
     sp.n_threads = cfg.n_threads;
     sp.n_ctx = cfg.n_ctx;
+    err = engine_kv_type_parse(cfg.kv_type, &sp.kv_type);
+    ASSERT(err == 0);  // config/ accepted only the engine's names
     err = scheduler_create(model, &sp, &sched);
     if (err) {
         LOG_ERROR("cannot create the scheduler: %s", err_str(err));
@@ -109,12 +112,12 @@ int cmd_serve(int argc, char **argv) {
     }
     struct scheduler_stats st;
     scheduler_get_stats(sched, &st);
-    size_t block_bytes = engine_kv_block_bytes(model, cfg.block_size);
+    size_t block_bytes = engine_kv_block_bytes(model, cfg.block_size, sp.kv_type);
     int32_t n_blocks = st.n_blocks_total > 0 ? st.n_blocks_total : (int32_t)(cfg.kv_bytes /
                                                                            (int64_t)block_bytes);
-    LOG_INFO("kv blocks=%d block_size=%d block_kib=%.1f kv_mib=%.1f max_seqs=%d "
+    LOG_INFO("kv blocks=%d block_size=%d kv_type=%s block_kib=%.1f kv_mib=%.1f max_seqs=%d "
              "max_batch_tokens=%d threads=%d blas=%s",
-             (int)n_blocks, (int)cfg.block_size, (double)block_bytes / 1024.0,
+             (int)n_blocks, (int)cfg.block_size, cfg.kv_type, (double)block_bytes / 1024.0,
              (double)block_bytes * n_blocks / (1024.0 * 1024.0), (int)cfg.max_seqs,
              (int)cfg.max_batch_tokens, (int)cfg.n_threads, kern_blas_init());
 

@@ -3,7 +3,10 @@
  * softmax(q K^T * scale) V, for random shapes: head dims 8/64/80/128, GQA
  * ratios 1/4/8, contexts up to 8192, block sizes that put block boundaries at
  * every offset, sliding windows, prefill tiles and decode rows, shuffled block
- * tables; with the SIMD and the portable kernels.
+ * tables; for every KV type (f32, f16, q8_0), with the SIMD and the portable
+ * kernels. Tolerances (check_shape): 2e-5 against the values as stored, for
+ * every type; against the exact values, the bound derived from each type's
+ * rounding error (f16: 2^-11 relative; q8_0: max|group| / 254 per value).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -16,6 +19,8 @@
 #include <cmocka.h>
 
 #include "engine/attention.h"
+#include "engine/base/err.h"
+#include "engine/kv.h"
 #include "engine/threadpool.h"
 
 static uint64_t rng = 88172645463325252ull;
@@ -36,14 +41,68 @@ struct shape {
     int32_t n_query;  // queries at the last n_query positions (a prefill tile run)
 };
 
-static void check_shape(struct threadpool *pool, const struct shape *sh, bool portable) {
+/* Float32 rounding slack of the kernels against the float64 reference. */
+#define F32_TOL 2e-5
+
+/* Largest |x - stored(x)| the KV type allows for value d of a head vector x
+ * (kv.h): f16 rounds to nearest, relative error <= 2^-11 above 2^-14 and an
+ * absolute 2^-25 below; q8_0 is within half a step, d/2 = max|group| / 254
+ * (plus 1e-6 max|group| for the float division and product). */
+static double stored_err(enum engine_kv_type type, const float *x, int32_t hd, int32_t d) {
+    switch (type) {
+    case ENGINE_KV_TYPE_F32: return 0.0;
+    case ENGINE_KV_TYPE_F16: return fabs(x[d]) * 0x1p-11 + 0x1p-25;
+    case ENGINE_KV_TYPE_Q8_0: {
+        const int32_t g0 = d / 32 * 32;
+        const int32_t g1 = g0 + 32 < hd ? g0 + 32 : hd;
+        double amax = 0.0;
+        for (int32_t i = g0; i < g1; i++) amax = fabs(x[i]) > amax ? fabs(x[i]) : amax;
+        return amax / 254.0 + amax * 1e-6;
+    }
+    case ENGINE_KV_TYPE_COUNT: break;
+    }
+    return 0.0;
+}
+
+/* Naive softmax(q K^T * scale) V in float64 for query head row qh at
+ * position p over keys [lo, p] of kv head g; writes o[hd]. */
+static void naive(const float *qh, const float *K, const float *V, int32_t n_kv, int32_t g,
+                  int32_t hd, int32_t lo, int32_t p, float scale, double *w, double *o) {
+    double mx = -INFINITY;
+    for (int32_t j = lo; j <= p; j++) {
+        double sdot = 0.0;
+        for (int32_t d = 0; d < hd; d++) sdot += (double)qh[d] * K[((size_t)j * n_kv + g) * hd + d];
+        w[j] = sdot * scale;
+        if (w[j] > mx) mx = w[j];
+    }
+    double sum = 0.0;
+    for (int32_t j = lo; j <= p; j++) sum += (w[j] = exp(w[j] - mx));
+    for (int32_t d = 0; d < hd; d++) {
+        double e = 0.0;
+        for (int32_t j = lo; j <= p; j++) e += w[j] * V[((size_t)j * n_kv + g) * hd + d];
+        o[d] = e / sum;
+    }
+}
+
+/* Checks attention over KV of `type` twice:
+ *  1. against the reference over the values as stored (kv_read_token): the
+ *     kernels' own error, F32_TOL for every type;
+ *  2. against the reference over the exact values: within the error bound the
+ *     type's rounding implies. With |k~ - k| <= ek (stored_err) the scores move
+ *     by at most delta = scale * max_j sum_d |q_d| ek[j][d], each softmax weight
+ *     by a factor within e^(+-2 delta), so, as the weights sum to 1 before and
+ *     after, the output moves by at most
+ *       (e^(2 delta) - 1) / 2 * range_j v~[j][d]  +  max_j ev[j][d]
+ *     (ev the V rounding error); plus F32_TOL. For f32 the bound is F32_TOL. */
+static void check_shape(struct threadpool *pool, const struct shape *sh,
+                        enum engine_kv_type type, bool portable) {
     const int32_t hd = sh->head_dim;
     const int32_t n_kv = sh->n_head_kv;
     const int32_t n_head = n_kv * sh->n_rep;
     const int32_t bs = sh->block_size;
     const int32_t n_blocks_seq = (sh->ctx + bs - 1) / bs;
     struct kv_store kv;
-    assert_int_equal(kv_init(&kv, 1, n_blocks_seq + 1, bs, n_kv, hd), 0);
+    assert_int_equal(kv_init(&kv, type, 1, n_blocks_seq + 1, bs, n_kv, hd), 0);
 
     // The sequence's blocks in shuffled order; K/V values kept for the oracle.
     int32_t *table = malloc((size_t)n_blocks_seq * sizeof(int32_t));
@@ -55,18 +114,31 @@ static void check_shape(struct threadpool *pool, const struct shape *sh, bool po
         table[i] = table[j];
         table[j] = tmp;
     }
-    float *K = malloc((size_t)sh->ctx * n_kv * hd * sizeof(float));  // [pos][kvh][d]
-    float *V = malloc((size_t)sh->ctx * n_kv * hd * sizeof(float));
+    const size_t n_kv_vals = (size_t)sh->ctx * n_kv * hd;
+    float *K = malloc(n_kv_vals * sizeof(float));   // [pos][kvh][d] exact
+    float *V = malloc(n_kv_vals * sizeof(float));
+    float *Ks = malloc(n_kv_vals * sizeof(float));  // as stored
+    float *Vs = malloc(n_kv_vals * sizeof(float));
+    double *ek = malloc(n_kv_vals * sizeof(double));  // rounding bound per value
+    double *ev = malloc(n_kv_vals * sizeof(double));
     for (int32_t p = 0; p < sh->ctx; p++) {
+        float *kp = K + (size_t)p * n_kv * hd;
+        float *vp = V + (size_t)p * n_kv * hd;
+        for (int32_t i = 0; i < n_kv * hd; i++) {
+            kp[i] = frand() * 2.0f;
+            vp[i] = frand();
+        }
+        if (p % 7 == 3) kp[p % (n_kv * hd)] = 9.0f;  // an outlier: a coarse q8_0 group
+        kv_write_token(&kv, 0, table[p / bs], p % bs, kp, vp);
+        kv_read_token(&kv, 0, table[p / bs], p % bs, Ks + (size_t)p * n_kv * hd,
+                      Vs + (size_t)p * n_kv * hd);
         for (int32_t g = 0; g < n_kv; g++) {
-            float *kt = kv_k_tile(&kv, 0, table[p / bs], g);
-            float *vt = kv_v_tile(&kv, 0, table[p / bs], g);
             for (int32_t d = 0; d < hd; d++) {
-                float k = frand() * 2.0f, v = frand();
-                K[((size_t)p * n_kv + g) * hd + d] = k;
-                V[((size_t)p * n_kv + g) * hd + d] = v;
-                kt[(size_t)d * bs + p % bs] = k;
-                vt[(size_t)(p % bs) * hd + d] = v;
+                const size_t i = ((size_t)p * n_kv + g) * hd + d;
+                ek[i] = stored_err(type, kp + (size_t)g * hd, hd, d);
+                ev[i] = stored_err(type, vp + (size_t)g * hd, hd, d);
+                assert_true(fabs((double)Ks[i] - K[i]) <= ek[i]);
+                assert_true(fabs((double)Vs[i] - V[i]) <= ev[i]);
             }
         }
     }
@@ -90,40 +162,52 @@ static void check_shape(struct threadpool *pool, const struct shape *sh, bool po
     struct attention_args a = {
         .kv = &kv, .layer = 0, .batch = &b, .tiles = tiles, .n_tiles = attention_tiles(&b, tiles),
         .q = q, .out = out, .n_head = n_head, .window = sh->window, .scale = scale,
-        .kern = kern_attn_select(portable), .scratch = scratch, .scratch_floats = sf,
+        .kern = kern_attn_select(type, portable), .scratch = scratch, .scratch_floats = sf,
     };
     attention_run(pool, &a);
 
     double *w = malloc((size_t)sh->ctx * sizeof(double));
+    double *o_stored = malloc((size_t)hd * sizeof(double));
+    double *o_exact = malloc((size_t)hd * sizeof(double));
     for (int32_t i = 0; i < nq; i++) {
         const int32_t p = pos[i];
         const int32_t lo = sh->window > 0 && p - sh->window + 1 > 0 ? p - sh->window + 1 : 0;
         for (int32_t h = 0; h < n_head; h++) {
             const int32_t g = h / sh->n_rep;
             const float *qh = q + ((size_t)i * n_head + h) * hd;
-            double mx = -INFINITY;
+            naive(qh, Ks, Vs, n_kv, g, hd, lo, p, scale, w, o_stored);
+            naive(qh, K, V, n_kv, g, hd, lo, p, scale, w, o_exact);
+            double delta = 0.0;
             for (int32_t j = lo; j <= p; j++) {
-                double sdot = 0.0;
-                for (int32_t d = 0; d < hd; d++) sdot += (double)qh[d] * K[((size_t)j * n_kv + g) * hd + d];
-                w[j] = sdot * scale;
-                if (w[j] > mx) mx = w[j];
+                double e = 0.0;
+                for (int32_t d = 0; d < hd; d++) {
+                    e += fabs((double)qh[d]) * ek[((size_t)j * n_kv + g) * hd + d];
+                }
+                delta = e * scale > delta ? e * scale : delta;
             }
-            double sum = 0.0;
-            for (int32_t j = lo; j <= p; j++) sum += (w[j] = exp(w[j] - mx));
             const float *oh = out + ((size_t)i * n_head + h) * hd;
             for (int32_t d = 0; d < hd; d++) {
-                double e = 0.0;
-                for (int32_t j = lo; j <= p; j++) e += w[j] * V[((size_t)j * n_kv + g) * hd + d];
-                e /= sum;
-                if (fabs(oh[d] - e) > 2e-5) {
-                    fail_msg("hd=%d kv=%d rep=%d bs=%d ctx=%d window=%d %s: query %d head %d "
-                             "dim %d: %g vs %g", hd, n_kv, sh->n_rep, bs, sh->ctx, sh->window,
-                             portable ? "portable" : a.kern->isa, i, h, d, (double)oh[d], e);
+                double vmin = INFINITY, vmax = -INFINITY, evmax = 0.0;
+                for (int32_t j = lo; j <= p; j++) {
+                    const size_t k = ((size_t)j * n_kv + g) * hd + d;
+                    vmin = Vs[k] < vmin ? Vs[k] : vmin;
+                    vmax = Vs[k] > vmax ? Vs[k] : vmax;
+                    evmax = ev[k] > evmax ? ev[k] : evmax;
+                }
+                const double bound = expm1(2.0 * delta) / 2.0 * (vmax - vmin) + evmax + F32_TOL;
+                if (fabs(oh[d] - o_stored[d]) > F32_TOL || fabs(oh[d] - o_exact[d]) > bound) {
+                    fail_msg("%s hd=%d kv=%d rep=%d bs=%d ctx=%d window=%d %s: query %d head %d "
+                             "dim %d: %g vs %g as stored, %g exact (bound %g)",
+                             engine_kv_type_name(type), hd, n_kv, sh->n_rep, bs, sh->ctx,
+                             sh->window, portable ? "portable" : a.kern->isa, i, h, d,
+                             (double)oh[d], o_stored[d], o_exact[d], bound);
                 }
             }
         }
     }
     free(w);
+    free(o_stored);
+    free(o_exact);
     free(scratch);
     free(tiles);
     free(q);
@@ -134,6 +218,10 @@ static void check_shape(struct threadpool *pool, const struct shape *sh, bool po
     free(out_flag);
     free(K);
     free(V);
+    free(Ks);
+    free(Vs);
+    free(ek);
+    free(ev);
     free(table);
     kv_free(&kv);
 }
@@ -143,17 +231,19 @@ static void test_attention_matches_naive_softmax(void **state) {
     struct threadpool *pool = threadpool_create(2);
     const int32_t dims[] = {8, 64, 80, 128};
     const int32_t reps[] = {1, 4, 8};
-    for (int portable = 0; portable < 2; portable++) {
-        for (size_t di = 0; di < 4; di++) {
-            for (size_t ri = 0; ri < 3; ri++) {
-                // Contexts 1..~70 with prefill runs crossing block edges, odd block sizes.
-                for (int32_t ctx = 1; ctx <= 70; ctx += 23) {
-                    struct shape sh = {dims[di], 2, reps[ri], 16, ctx, 0, ctx < 13 ? ctx : 13};
-                    check_shape(pool, &sh, portable);
-                    sh.block_size = 5;
-                    check_shape(pool, &sh, portable);
-                    sh.window = 7;
-                    check_shape(pool, &sh, portable);
+    for (int type = 0; type < ENGINE_KV_TYPE_COUNT; type++) {
+        for (int portable = 0; portable < 2; portable++) {
+            for (size_t di = 0; di < 4; di++) {
+                for (size_t ri = 0; ri < 3; ri++) {
+                    // Contexts 1..~70 with prefill runs crossing block edges, odd block sizes.
+                    for (int32_t ctx = 1; ctx <= 70; ctx += 23) {
+                        struct shape sh = {dims[di], 2, reps[ri], 16, ctx, 0, ctx < 13 ? ctx : 13};
+                        check_shape(pool, &sh, (enum engine_kv_type)type, portable);
+                        sh.block_size = 5;
+                        check_shape(pool, &sh, (enum engine_kv_type)type, portable);
+                        sh.window = 7;
+                        check_shape(pool, &sh, (enum engine_kv_type)type, portable);
+                    }
                 }
             }
         }
@@ -165,11 +255,15 @@ static void test_attention_every_block_offset(void **state) {
     (void)state;
     struct threadpool *pool = threadpool_create(2);
     // Decode rows and short runs ending at every offset inside a block.
-    for (int32_t ctx = 1; ctx <= 40; ctx++) {
-        struct shape sh = {16, 1, 2, 8, ctx, 0, 1 + ctx % 9};
-        check_shape(pool, &sh, false);
-        sh.window = 3 + ctx % 5;
-        check_shape(pool, &sh, true);
+    for (int type = 0; type < ENGINE_KV_TYPE_COUNT; type++) {
+        for (int32_t ctx = 1; ctx <= 40; ctx++) {
+            struct shape sh = {16, 1, 2, 8, ctx, 0, 1 + ctx % 9};
+            check_shape(pool, &sh, (enum engine_kv_type)type, false);
+            sh.window = 3 + ctx % 5;
+            check_shape(pool, &sh, (enum engine_kv_type)type, true);
+            struct shape wide = {80, 1, 1, 16, ctx + 16, ctx % 3 ? 0 : 11, 1 + ctx % 4};
+            check_shape(pool, &wide, (enum engine_kv_type)type, false);
+        }
     }
     threadpool_free(pool);
 }
@@ -177,11 +271,89 @@ static void test_attention_every_block_offset(void **state) {
 static void test_attention_long_context(void **state) {
     (void)state;
     struct threadpool *pool = threadpool_create(2);
-    struct shape sh = {128, 1, 8, 16, 8192, 0, 3};
-    check_shape(pool, &sh, false);
-    struct shape sw = {64, 2, 4, 16, 4100, 1000, 9};
-    check_shape(pool, &sw, false);
+    for (int type = 0; type < ENGINE_KV_TYPE_COUNT; type++) {
+        struct shape sh = {128, 1, 8, 16, 8192, 0, 3};
+        check_shape(pool, &sh, (enum engine_kv_type)type, false);
+        struct shape sw = {64, 2, 4, 16, 4100, 1000, 9};
+        check_shape(pool, &sw, (enum engine_kv_type)type, false);
+    }
     threadpool_free(pool);
+}
+
+/* The SIMD kernels of every KV type against the portable ones on the same
+ * tiles: scores of 1..4 rows and P.V over every start and length in a block. */
+static void test_attention_kernels_match_portable(void **state) {
+    (void)state;
+    const int32_t dims[] = {8, 64, 80, 128};
+    const int32_t sizes[] = {5, 16, 32};
+    for (int type = 0; type < ENGINE_KV_TYPE_COUNT; type++) {
+        const struct kern_attn *ref = kern_attn_select((enum engine_kv_type)type, true);
+        const struct kern_attn *simd = kern_attn_select((enum engine_kv_type)type, false);
+        if (simd == ref) skip();
+        for (size_t di = 0; di < 4; di++) {
+            for (size_t si = 0; si < 3; si++) {
+                const int32_t hd = dims[di], bs = sizes[si];
+                struct kv_store kv;
+                assert_int_equal(kv_init(&kv, (enum engine_kv_type)type, 1, 2, bs, 1, hd), 0);
+                float *k = malloc((size_t)hd * sizeof(float));
+                float *v = malloc((size_t)hd * sizeof(float));
+                for (int32_t j = 0; j < bs; j++) {
+                    for (int32_t d = 0; d < hd; d++) {
+                        k[d] = frand() * 3.0f;
+                        v[d] = frand();
+                    }
+                    kv_write_token(&kv, 0, 1, j, k, v);
+                }
+                float q[4][128], s_ref[4 * 32], s_simd[4 * 32], p[32];
+                const float *qr[4] = {q[0], q[1], q[2], q[3]};
+                for (int r = 0; r < 4; r++) {
+                    for (int32_t d = 0; d < hd; d++) q[r][d] = frand();
+                }
+                for (int32_t j = 0; j < bs; j++) p[j] = (frand() + 1.0f) / 2.0f;
+                const void *kt = kv_k_tile(&kv, 0, 1, 0);
+                const void *vt = kv_v_tile(&kv, 0, 1, 0);
+                for (int32_t nr = 1; nr <= 4; nr++) {
+                    ref->scores(qr, nr, kt, hd, bs, 0.125f, s_ref);
+                    simd->scores(qr, nr, kt, hd, bs, 0.125f, s_simd);
+                    for (int32_t i = 0; i < nr * bs; i++) {
+                        assert_true(fabsf(s_ref[i] - s_simd[i]) <= 1e-5f * (1.0f + fabsf(s_ref[i])));
+                    }
+                }
+                for (int32_t j0 = 0; j0 < bs; j0++) {
+                    for (int32_t n = 1; j0 + n <= bs; n++) {
+                        float a_ref[128], a_simd[128];
+                        for (int32_t d = 0; d < hd; d++) a_ref[d] = a_simd[d] = frand();
+                        ref->pv(a_ref, 0.75f, p, vt, j0, n, hd, bs);
+                        simd->pv(a_simd, 0.75f, p, vt, j0, n, hd, bs);
+                        for (int32_t d = 0; d < hd; d++) {
+                            assert_true(fabsf(a_ref[d] - a_simd[d]) <= 1e-5f * (1.0f + fabsf(a_ref[d])));
+                        }
+                    }
+                }
+                free(k);
+                free(v);
+                kv_free(&kv);
+            }
+        }
+    }
+}
+
+/* Bytes per token of each type: f16 half of f32, q8_0 a quarter plus scales. */
+static void test_attention_kv_bytes_per_token(void **state) {
+    (void)state;
+    // head_dim 128, one kv head, one layer, 16-token blocks: K + V per token.
+    assert_int_equal(kv_block_bytes(ENGINE_KV_TYPE_F32, 1, 1, 128, 16) / 16, 1024);
+    assert_int_equal(kv_block_bytes(ENGINE_KV_TYPE_F16, 1, 1, 128, 16) / 16, 512);
+    assert_int_equal(kv_block_bytes(ENGINE_KV_TYPE_Q8_0, 1, 1, 128, 16) / 16, 2 * (128 + 4 * 4));
+    assert_int_equal(kv_block_bytes(ENGINE_KV_TYPE_Q8_0, 1, 1, 64, 16) / 16, 2 * (64 + 4 * 2));
+    enum engine_kv_type t;
+    assert_int_equal(engine_kv_type_parse("q8_0", &t), 0);
+    assert_int_equal(t, ENGINE_KV_TYPE_Q8_0);
+    assert_int_equal(engine_kv_type_parse("f16", &t), 0);
+    assert_int_equal(t, ENGINE_KV_TYPE_F16);
+    assert_int_equal(engine_kv_type_parse("q4_0", &t), ERR_INVAL);
+    assert_int_equal(engine_kv_type_parse("", &t), ERR_INVAL);
+    assert_string_equal(engine_kv_type_name(ENGINE_KV_TYPE_F32), "f32");
 }
 
 int main(void) {
@@ -189,6 +361,8 @@ int main(void) {
         cmocka_unit_test(test_attention_matches_naive_softmax),
         cmocka_unit_test(test_attention_every_block_offset),
         cmocka_unit_test(test_attention_long_context),
+        cmocka_unit_test(test_attention_kernels_match_portable),
+        cmocka_unit_test(test_attention_kv_bytes_per_token),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

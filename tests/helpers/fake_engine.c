@@ -96,9 +96,16 @@ const struct engine_model_info *engine_model_get_info(const struct engine_model 
 
 const struct tokenizer *engine_model_tokenizer(const struct engine_model *m) { return &m->tok; }
 
-size_t engine_kv_block_bytes(const struct engine_model *m, int32_t block_size) {
+size_t engine_kv_block_bytes(const struct engine_model *m, int32_t block_size,
+                             enum engine_kv_type kv_type) {
+    (void)kv_type;
     size_t per = m->p.kv_block_bytes ? m->p.kv_block_bytes : 1024;
     return per * (size_t)block_size;
+}
+
+const char *engine_kv_type_name(enum engine_kv_type t) {
+    static const char *const names[] = {"f32", "f16", "q8_0"};
+    return t >= 0 && t < ENGINE_KV_TYPE_COUNT ? names[t] : "?";
 }
 
 /* ---- ctx ---- */

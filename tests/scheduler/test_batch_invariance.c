@@ -5,7 +5,8 @@
  * chunked prefill (small token budget) and without, and across preemption
  * (tiny pools). Uses the synthetic models of tests/models/meson.build
  * (llama-f32, llama-swa for a sliding window, llama-q8_0 and llama256-q4_k_m
- * for quantized weights); skips when they are not built.
+ * for quantized weights), with f32, f16 and q8_0 KV; skips when they are not
+ * built.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -52,8 +53,10 @@ static struct engine_model *load(const char *name) {
     return m;
 }
 
-static struct scheduler_params params(int32_t n_blocks, int32_t budget, bool prefix) {
+static struct scheduler_params params(int32_t n_blocks, int32_t budget, bool prefix,
+                                      enum engine_kv_type kv_type) {
     struct scheduler_params p = scheduler_default_params();
+    p.kv_type = kv_type;
     p.kv_blocks = n_blocks;
     p.block_size = 16;
     p.max_batch_tokens = budget;
@@ -130,8 +133,9 @@ static void make_reqs(uint64_t seed, int32_t n_vocab, struct req_spec *reqs, int
     reqs[0].arrival_step = 0;
 }
 
-static void check(const char *model_name, uint64_t seed, int n_others, int32_t n_blocks,
-                  int32_t budget, bool prefix, int64_t *n_preempt) {
+static void check_kv(const char *model_name, enum engine_kv_type kv_type, uint64_t seed,
+                     int n_others, int32_t n_blocks, int32_t budget, bool prefix,
+                     int64_t *n_preempt) {
     struct engine_model *m = load(model_name);
     assert_non_null(m);
     int32_t n_vocab = engine_model_get_info(m)->n_vocab;
@@ -139,25 +143,31 @@ static void check(const char *model_name, uint64_t seed, int n_others, int32_t n
     struct result alone[MAX_REQ], got[MAX_REQ];
     int n = n_others + 1;
     make_reqs(seed, n_vocab, reqs, n);
-    struct scheduler_params big = params(1024, 512, false);
+    struct scheduler_params big = params(1024, 512, false, kv_type);
     for (int i = 0; i < n; i++) {
         struct req_spec one = reqs[i];
         one.arrival_step = 0;
         run(m, &big, &one, 1, &alone[i], NULL);
     }
-    struct scheduler_params p = params(n_blocks, budget, prefix);
+    struct scheduler_params p = params(n_blocks, budget, prefix, kv_type);
     run(m, &p, reqs, n, got, n_preempt);
     for (int i = 0; i < n; i++) {
         bool same = alone[i].n_tokens == got[i].n_tokens &&
                     !memcmp(alone[i].tokens, got[i].tokens, (size_t)got[i].n_tokens * sizeof(int32_t));
         if (!same) {
-            fprintf(stderr, "%s: request %d of %d differs from alone (seed=%llu blocks=%d "
-                    "budget=%d prefix=%d)\n", model_name, i, n, (unsigned long long)seed,
+            fprintf(stderr, "%s kv=%s: request %d of %d differs from alone (seed=%llu blocks=%d "
+                    "budget=%d prefix=%d)\n", model_name, engine_kv_type_name(kv_type), i, n,
+                    (unsigned long long)seed,
                     (int)n_blocks, (int)budget, (int)prefix);
             fail();
         }
     }
     engine_model_free(m);
+}
+
+static void check(const char *model_name, uint64_t seed, int n_others, int32_t n_blocks,
+                  int32_t budget, bool prefix, int64_t *n_preempt) {
+    check_kv(model_name, ENGINE_KV_TYPE_F32, seed, n_others, n_blocks, budget, prefix, n_preempt);
 }
 
 static bool have_models(void) {
@@ -230,6 +240,27 @@ static void test_batch_invariance_quantized(void **state) {
     }
 }
 
+/* f16 and q8_0 KV: a token's stored K/V depend only on that token (q8_0
+ * scales are per token and group of 32 dims), so batching changes nothing. */
+static void test_batch_invariance_kv_types(void **state) {
+    (void)state;
+    if (!have_models()) {
+        skip();
+        return;
+    }
+    const enum engine_kv_type types[] = {ENGINE_KV_TYPE_F16, ENGINE_KV_TYPE_Q8_0};
+    const char *dir = testutil_path(testutil_build_dir(), "tests/models");
+    const bool has_swa = testutil_exists(testutil_path(dir, "llama-swa.gguf"));
+    for (int k = 0; k < 2; k++) {
+        int64_t n_preempt = 0;
+        check_kv("llama-f32.gguf", types[k], 500, 16, 1024, 512, true, NULL);
+        check_kv("llama-f32.gguf", types[k], 501, 64, 1024, 13, false, NULL);  // chunked prefill
+        check_kv("llama-f32.gguf", types[k], 502, 16, 9, 64, true, &n_preempt);
+        assert_true(n_preempt > 0);
+        if (has_swa) check_kv("llama-swa.gguf", types[k], 503, 16, 12, 32, true, NULL);
+    }
+}
+
 int main(void) {
     log_set_level(LOG_LEVEL_WARN);
     const struct CMUnitTest tests[] = {
@@ -237,6 +268,7 @@ int main(void) {
         cmocka_unit_test(test_batch_invariance_across_preemption),
         cmocka_unit_test(test_batch_invariance_sliding_window),
         cmocka_unit_test(test_batch_invariance_quantized),
+        cmocka_unit_test(test_batch_invariance_kv_types),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
