@@ -90,7 +90,7 @@ int cli_find_config(int argc, char **argv, const char **out_path, char *msg, siz
             int err = take_value(&a, argc, argv, &i, msg, msg_size);
             if (err) return err;
             *out_path = a.value;
-        } else if (a.kind == ARG_SETTING && !a.value) {
+        } else if (a.kind == ARG_SETTING && !a.value && a.s->kind != SETTING_KIND_BOOL) {
             i++;  // skip the flag's value so it is not mistaken for a flag
         }
     }
@@ -109,6 +109,8 @@ int cli_parse(struct config *c, int argc, char **argv, char *msg, size_t msg_siz
             err = take_value(&a, argc, argv, &i, msg, msg_size);  // loaded by the caller
             break;
         case ARG_SETTING: {
+            // A bool flag alone means true; a value only with '='.
+            if (a.s->kind == SETTING_KIND_BOOL && !a.value) a.value = "true";
             err = take_value(&a, argc, argv, &i, msg, msg_size);
             if (err) break;
             char where[64];
@@ -160,6 +162,8 @@ void cli_print_help(FILE *fp) {
     fprintf(fp,
             "\n"
             "Sizes take K, M, G suffixes (binary). Keys given with --api-key, api_keys and\n"
-            "--api-key-file add up; clients send them as 'Authorization: Bearer KEY'.\n");
+            "--api-key-file add up; clients send them as 'Authorization: Bearer KEY'.\n"
+            "A request selects an adapter with \"model\": \"NAME\"; the base model's name or\n"
+            "no \"model\" means no adapter.\n");
     config_deinit(&d);
 }

@@ -32,6 +32,7 @@ void config_init_defaults(struct config *c) {
     c->max_body_bytes = 4LL * 1024 * 1024;
     c->request_timeout_s = 600;
     c->shutdown_grace_s = 10;
+    c->max_loras = 8;
     c->log_level = LOG_LEVEL_INFO;
 }
 
@@ -48,6 +49,10 @@ void config_deinit(struct config *c) {
         free(c->api_keys[i]);
     }
     free(c->api_key_file);
+    for (int32_t i = 0; i < c->n_loras; i++) {
+        free(c->lora_names[i]);
+        free(c->lora_paths[i]);
+    }
     free(c->config_file);
     memset(c, 0, sizeof(*c));
 }
@@ -137,6 +142,11 @@ int config_validate(const struct config *c, char *msg, size_t msg_size) {
     }
     if (c->block_size & (c->block_size - 1)) {
         snprintf(msg, msg_size, "--block-size: %d is not a power of two", (int)c->block_size);
+        return ERR_INVAL;
+    }
+    if (c->max_loras == 0 && (c->n_loras > 0 || c->allow_runtime_lora)) {
+        snprintf(msg, msg_size, "--max-loras 0 serves no adapters, but --lora or "
+                 "--allow-runtime-lora was given");
         return ERR_INVAL;
     }
     if (c->max_batch_tokens < c->max_seqs) {

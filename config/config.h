@@ -20,6 +20,7 @@
 
 #define CONFIG_MAX_API_KEYS 64
 #define CONFIG_API_KEY_MAX_BYTES 256
+#define CONFIG_MAX_LORAS 256           // --lora adapters at start-up
 
 struct config {
     char *host;                   // owned; listen address, default "127.0.0.1"
@@ -40,6 +41,11 @@ struct config {
     char *api_keys[CONFIG_MAX_API_KEYS];  // owned; empty list: no auth
     int32_t n_api_keys;
     char *api_key_file;           // owned; one key per line, read by config_load()
+    char *lora_names[CONFIG_MAX_LORAS];  // owned; --lora NAME=PATH, in order given
+    char *lora_paths[CONFIG_MAX_LORAS];  // owned; [n_loras]
+    int32_t n_loras;
+    int32_t max_loras;            // adapter slots in the engine (adapters batched at once)
+    bool allow_runtime_lora;      // POST /v1/load_lora_adapter, /v1/unload_lora_adapter
     enum log_level log_level;
     char *config_file;            // owned; the file that was read, or NULL
     bool show_help;               // --help was given: print config_print_help(), exit 0

@@ -23,6 +23,8 @@ static int apply_value(struct config *c, const struct setting *s, json_t *v, con
     const char *text = NULL;
     if (json_is_string(v)) {
         text = json_string_value(v);
+    } else if (json_is_boolean(v) && s->kind == SETTING_KIND_BOOL) {
+        text = json_is_true(v) ? "true" : "false";
     } else if (json_is_integer(v) && s->kind != SETTING_KIND_STR && s->kind != SETTING_KIND_CHOICE &&
                s->kind != SETTING_KIND_LOGLEVEL && s->kind != SETTING_KIND_KEY) {
         snprintf(num, sizeof(num), "%lld", (long long)json_integer_value(v));
@@ -31,6 +33,7 @@ static int apply_value(struct config *c, const struct setting *s, json_t *v, con
         snprintf(msg, msg_size, "%s: expected a %s", where,
                  s->kind == SETTING_KIND_I32 ? "integer"
                  : s->kind == SETTING_KIND_SIZE ? "size (integer bytes or a string like \"512M\")"
+                 : s->kind == SETTING_KIND_BOOL ? "boolean"
                                                 : "string");
         return ERR_INVAL;
     }
@@ -68,6 +71,40 @@ int config_file_parse(struct config *c, const char *text, size_t len, const char
                 err = ERR_INVAL;
                 goto done;
             }
+            size_t i;
+            json_t *item;
+            json_array_foreach(v, i, item) {
+                err = apply_value(c, s, item, where, msg, msg_size);
+                if (err) goto done;
+            }
+            continue;
+        }
+        if (s->kind == SETTING_KIND_LORA && json_is_object(v)) {
+            // {"NAME": "PATH", ...}
+            const char *lora_name;
+            json_t *path;
+            json_object_foreach(v, lora_name, path) {
+                if (!json_is_string(path)) {
+                    snprintf(msg, msg_size, "%s: the path of \"%s\" must be a string", where,
+                             lora_name);
+                    err = ERR_INVAL;
+                    goto done;
+                }
+                size_t n = strlen(lora_name) + strlen(json_string_value(path)) + 2;
+                char *spec = malloc(n);
+                if (!spec) {
+                    err = ERR_NOMEM;
+                    goto done;
+                }
+                snprintf(spec, n, "%s=%s", lora_name, json_string_value(path));
+                err = setting_apply(c, s, spec, where, msg, msg_size);
+                free(spec);
+                if (err) goto done;
+            }
+            continue;
+        }
+        if (s->kind == SETTING_KIND_LORA && json_is_array(v)) {
+            // ["NAME=PATH", ...]
             size_t i;
             json_t *item;
             json_array_foreach(v, i, item) {

@@ -57,6 +57,14 @@ const struct setting setting_table[] = {
      "file with one accepted key per line"},
     {"log-level", 0, "log_level", SETTING_KIND_LOGLEVEL, OFF(log_level), 0, 0, "LEVEL",
      "error, warn, info or debug"},
+    {"lora", 0, "lora", SETTING_KIND_LORA, OFF(lora_names), 0, 0, "NAME=PATH",
+     "serve an adapter (PEFT dir, GGUF LoRA, bottleneck dir) as model NAME (repeatable; "
+     "file: {\"NAME\": \"PATH\"} or [\"NAME=PATH\"])"},
+    {"max-loras", 0, "max_loras", SETTING_KIND_I32, OFF(max_loras), 0, 256, "N",
+     "adapter slots: distinct adapters batched at once (more wait); 0 = no adapters"},
+    {"allow-runtime-lora", 0, "allow_runtime_lora", SETTING_KIND_BOOL, OFF(allow_runtime_lora),
+     0, 0, "[BOOL]", "enable POST /v1/load_lora_adapter and /v1/unload_lora_adapter "
+     "(behind --api-key when set)"},
 };
 const int setting_n = (int)(sizeof(setting_table) / sizeof(setting_table[0]));
 
@@ -183,6 +191,47 @@ int setting_apply(struct config *c, const struct setting *s, const char *value,
         c->api_keys[c->n_api_keys++] = xstrdup(value);
         return 0;
     }
+    case SETTING_KIND_LORA: {
+        const char *eq = strchr(value, '=');
+        if (!eq || eq == value || !eq[1]) {
+            snprintf(msg, msg_size, "%s: '%s' is not NAME=PATH", where, value);
+            return ERR_INVAL;
+        }
+        size_t name_len = (size_t)(eq - value);
+        for (int32_t i = 0; i < c->n_loras; i++) {
+            if (strlen(c->lora_names[i]) == name_len &&
+                strncmp(c->lora_names[i], value, name_len) == 0) {
+                snprintf(msg, msg_size, "%s: the adapter name '%.*s' is given twice", where,
+                         (int)name_len, value);
+                return ERR_INVAL;
+            }
+        }
+        if (c->n_loras == CONFIG_MAX_LORAS) {
+            snprintf(msg, msg_size, "%s: more than %d adapters", where, CONFIG_MAX_LORAS);
+            return ERR_INVAL;
+        }
+        char *name = xmalloc(name_len + 1);
+        memcpy(name, value, name_len);
+        name[name_len] = 0;
+        c->lora_names[c->n_loras] = name;
+        c->lora_paths[c->n_loras] = xstrdup(eq + 1);
+        c->n_loras++;
+        return 0;
+    }
+    case SETTING_KIND_BOOL: {
+        bool *field = (bool *)(void *)(base + s->offset);
+        if (strcmp(value, "true") == 0 || strcmp(value, "1") == 0 || strcmp(value, "on") == 0 ||
+            strcmp(value, "yes") == 0) {
+            *field = true;
+        } else if (strcmp(value, "false") == 0 || strcmp(value, "0") == 0 ||
+                   strcmp(value, "off") == 0 || strcmp(value, "no") == 0) {
+            *field = false;
+        } else {
+            snprintf(msg, msg_size, "%s: '%s' is not true or false", where, value);
+            return ERR_INVAL;
+        }
+        return 0;
+    }
     }
     UNREACHABLE();
 }
@@ -220,6 +269,13 @@ void setting_format(const struct config *c, const struct setting *s, char *out, 
     }
     case SETTING_KIND_KEY:
         snprintf(out, out_size, "%d key(s)", (int)c->n_api_keys);
+        return;
+    case SETTING_KIND_LORA:
+        snprintf(out, out_size, "%d adapter(s)", (int)c->n_loras);
+        return;
+    case SETTING_KIND_BOOL:
+        snprintf(out, out_size, "%s", *(const bool *)(const void *)(base + s->offset) ? "true"
+                                                                                      : "false");
         return;
     }
     UNREACHABLE();

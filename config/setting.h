@@ -19,6 +19,8 @@ enum setting_kind {
     SETTING_KIND_SIZE,      // int64_t byte count, "512M" style
     SETTING_KIND_LOGLEVEL,  // enum log_level
     SETTING_KIND_KEY,       // appends one API key
+    SETTING_KIND_LORA,      // appends one adapter, "NAME=PATH"
+    SETTING_KIND_BOOL,      // bool field; a flag without a value means true
 };
 
 struct setting {
