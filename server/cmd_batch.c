@@ -62,6 +62,10 @@ static void batch_usage(FILE *fp) {
             "      --max-seqs N           running sequences at most (default 64)\n"
             "      --max-batch-tokens N   tokens per step (default 512)\n"
             "      --no-prefix-cache      disable automatic prefix caching\n"
+            "  -c, --ctx N                most tokens of one request, prompt + max_tokens\n"
+            "                             (default: the model's context_length); a line asking\n"
+            "                             for more gets an error\n"
+            "      --kv-type TYPE         KV cache storage: f32 (default), f16 or q8_0\n"
             "  -t, --threads N            kernel threads (default: all cores)\n");
 }
 
@@ -226,12 +230,14 @@ int cmd_batch(int argc, char **argv) {
         {"max-batch-tokens", required_argument, NULL, 'T'},
         {"no-prefix-cache", no_argument, NULL, 'N'},
         {"threads", required_argument, NULL, 't'},
+        {"ctx", required_argument, NULL, 'c'},
+        {"kv-type", required_argument, NULL, 'V'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "m:t:h", long_opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:t:c:h", long_opts, NULL)) != -1) {
         bool ok = true;
         switch (c) {
         case 'm': model_path = optarg; break;
@@ -244,6 +250,13 @@ int cmd_batch(int argc, char **argv) {
         case 'T': ok = parse_i32(optarg, 1, 1 << 20, &sp.max_batch_tokens); break;
         case 'N': sp.enable_prefix_cache = false; break;
         case 't': ok = parse_i32(optarg, 0, 4096, &sp.n_threads); break;
+        case 'c': ok = parse_i32(optarg, 1, 1 << 24, &sp.n_ctx); break;
+        case 'V':
+            if (engine_kv_type_parse(optarg, &sp.kv_type) != 0) {
+                fprintf(stderr, "batch: --kv-type: '%s' is not one of f32, f16, q8_0\n", optarg);
+                return 2;
+            }
+            break;
         case 'h': batch_usage(stdout); return 0;
         default: batch_usage(stderr); return 2;
         }
@@ -270,6 +283,7 @@ int cmd_batch(int argc, char **argv) {
     mp.path = model_path;
     struct engine_model *model = NULL;
     err = engine_model_load(&mp, &model);
+    const int32_t n_ctx_train = model ? engine_model_get_info(model)->n_ctx_train : 0;
     if (err) {
         fprintf(stderr, "batch: cannot load %s: %s\n", model_path, err_str(err));
         free(text);
@@ -327,7 +341,14 @@ int cmd_batch(int argc, char **argv) {
                 l->t_submit_ns = clock_mono_ns();
                 l->ttft_ms = -1.0;
                 err = scheduler_submit(s, &l->req, &id, &l->channel);
-                if (err) snprintf(l->error, sizeof(l->error), "%s", err_str(err));
+                if (err == ERR_TOOLONG) {
+                    snprintf(l->error, sizeof(l->error),
+                             "the context is %d tokens, but the prompt has %d and max_tokens "
+                             "asks for %d more", (int)(sp.n_ctx > 0 ? sp.n_ctx : n_ctx_train),
+                             (int)l->req.n_prompt, (int)l->req.max_tokens);
+                } else if (err) {
+                    snprintf(l->error, sizeof(l->error), "%s", err_str(err));
+                }
             }
             if (l->error[0]) {
                 done[i_next] = true;

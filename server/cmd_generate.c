@@ -8,6 +8,9 @@
  *   -p TEXT              stdout gets the continuation text (not the prompt), as
  *                        it is generated; never a broken UTF-8 sequence
  * Either way stderr gets load time, prefill and decode tokens/s.
+ * The context is --ctx or the model's context_length: a prompt + -n beyond it
+ * is an error, as an explicit max_tokens is for serve; the default -n is cut
+ * to what is left (serve's rule for an absent max_tokens).
  */
 #define LOG_TAG "generate"
 #include <errno.h>
@@ -36,6 +39,9 @@ struct generate_opts {
     int32_t n_predict;
     int32_t n_threads;
     int32_t batch;                 // prefill chunk
+    int32_t n_ctx;                 // --ctx: most prompt + generated tokens; 0: context_length
+    bool has_n_predict;            // -n was given (else the default is cut to the context)
+    enum engine_kv_type kv_type;   // --kv-type
     bool ignore_eos;
     bool has_temp;
     struct sampler_params sp;
@@ -68,6 +74,9 @@ static void generate_usage(FILE *fp) {
             "      --ignore-eos          do not stop at end-of-generation tokens\n"
             "  -t, --threads N           kernel threads (default: all cores)\n"
             "  -b, --batch N             prefill chunk in tokens (default 512)\n"
+            "  -c, --ctx N               most tokens, prompt + generated (default: the model's\n"
+            "                            context_length); more is an error\n"
+            "      --kv-type TYPE        KV cache storage: f32 (default), f16 or q8_0\n"
             "      --log-level L         error, warn, info, debug (default warn)\n",
             STOP_MAX_STRINGS);
 }
@@ -202,7 +211,7 @@ int cmd_generate(int argc, char **argv) {
     o.sp.min_p = 0.05f;
     o.sp.temperature = 0.8f;
     enum {
-        OPT_PROMPT_IDS = 256, OPT_IGNORE_EOS, OPT_LOG_LEVEL, OPT_CHAT, OPT_SYSTEM, OPT_TEMP,
+        OPT_PROMPT_IDS = 256, OPT_KV_TYPE, OPT_IGNORE_EOS, OPT_LOG_LEVEL, OPT_CHAT, OPT_SYSTEM, OPT_TEMP,
         OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_REPEAT, OPT_PRESENCE, OPT_FREQUENCY, OPT_SEED,
         OPT_STOP,
     };
@@ -223,6 +232,8 @@ int cmd_generate(int argc, char **argv) {
         {"seed", required_argument, NULL, OPT_SEED},
         {"stop", required_argument, NULL, OPT_STOP},
         {"threads", required_argument, NULL, 't'},
+        {"ctx", required_argument, NULL, 'c'},
+        {"kv-type", required_argument, NULL, OPT_KV_TYPE},
         {"batch", required_argument, NULL, 'b'},
         {"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS},
         {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
@@ -232,7 +243,7 @@ int cmd_generate(int argc, char **argv) {
     log_set_level(LOG_LEVEL_WARN);
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "m:p:n:t:b:h", long_opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:p:n:t:b:c:h", long_opts, NULL)) != -1) {
         int err = 0;
         switch (c) {
         case 'm': o.model = optarg; break;
@@ -240,7 +251,18 @@ int cmd_generate(int argc, char **argv) {
         case OPT_PROMPT_IDS: o.prompt_ids = optarg; break;
         case OPT_CHAT: o.chat = true; break;
         case OPT_SYSTEM: o.system = optarg; break;
-        case 'n': err = parse_i32(optarg, 0, 1 << 24, &o.n_predict); break;
+        case 'n':
+            err = parse_i32(optarg, 0, 1 << 24, &o.n_predict);
+            o.has_n_predict = true;
+            break;
+        case 'c': err = parse_i32(optarg, 1, 1 << 24, &o.n_ctx); break;
+        case OPT_KV_TYPE:
+            err = engine_kv_type_parse(optarg, &o.kv_type);
+            if (err) {
+                fprintf(stderr, "generate: --kv-type: '%s' is not one of f32, f16, q8_0\n", optarg);
+                return 2;
+            }
+            break;
         case OPT_TEMP:
             err = parse_f32(optarg, &o.sp.temperature);
             o.has_temp = true;
@@ -353,6 +375,19 @@ int cmd_generate(int argc, char **argv) {
 
     // One sequence: blocks 1..n_need hold positions 0..n_total-1 (block 0 is null).
     struct engine_ctx_params cp = engine_ctx_default_params();
+    // The context: --ctx, else the model's; the default -n is cut to fit.
+    const int32_t n_ctx = o.n_ctx > 0 ? o.n_ctx : info->n_ctx_train;
+    if (!o.has_n_predict && n_prompt < n_ctx && n_prompt + o.n_predict > n_ctx) {
+        o.n_predict = n_ctx - n_prompt;
+    }
+    if ((int64_t)n_prompt + (o.n_predict > 0 ? o.n_predict : 1) > n_ctx) {
+        fprintf(stderr, "generate: the context is %d tokens (%s), but the prompt has %d and "
+                "-n asks for %d more: shorten the prompt, lower -n or raise --ctx\n",
+                (int)n_ctx, o.n_ctx > 0 ? "--ctx" : "the model's context_length", (int)n_prompt,
+                (int)o.n_predict);
+        exit_code = 2;
+        goto done;
+    }
     const int64_t n_total = (int64_t)n_prompt + o.n_predict;
     if (n_total > (int64_t)1 << 30) {
         fprintf(stderr, "generate: prompt + n-predict is too long\n");
@@ -365,6 +400,7 @@ int cmd_generate(int argc, char **argv) {
     cp.max_outputs = 1;
     cp.max_batch_tokens = o.batch < n_prompt ? o.batch : n_prompt;
     cp.n_blocks = n_need + 1;
+    cp.kv_type = o.kv_type;
     table = malloc((size_t)n_need * sizeof(int32_t));
     pos = malloc((size_t)cp.max_batch_tokens * sizeof(int32_t));
     seq_idx = calloc((size_t)cp.max_batch_tokens, sizeof(int32_t));

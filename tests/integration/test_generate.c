@@ -199,6 +199,90 @@ static void test_generate_rejects_bad_text(void **state) {
     assert_int_equal(run(cmd, out, sizeof(out)), 0);
 }
 
+/* Counts the whitespace-separated ids of out. */
+static int count_ids(char *out) {
+    int n = 0;
+    for (char *p = strtok(out, " \n"); p; p = strtok(NULL, " \n")) n++;
+    return n;
+}
+
+/* --ctx: a prompt + -n beyond it is an error (serve's rule for an explicit
+ * max_tokens); the default -n is cut to the room left (serve's rule for an
+ * absent one). */
+static void test_generate_ctx_limit(void **state) {
+    (void)state;
+    char cmd[8192], out[4096];
+    const char *m = testutil_path(testutil_build_dir(), "tests/models/llama-f32.gguf");
+    snprintf(cmd, sizeof(cmd), "%s generate -m %s --prompt-ids 5,6,7 -n 12 --ignore-eos --ctx 10 "
+             "2>/dev/null", bin(), m);
+    assert_int_equal(run(cmd, out, sizeof(out)), 2);
+    assert_string_equal(out, "");
+    snprintf(cmd, sizeof(cmd), "%s generate -m %s --prompt-ids 5,6,7 -n 12 --ignore-eos --ctx 15",
+             bin(), m);
+    assert_int_equal(run(cmd, out, sizeof(out)), 0);
+    assert_int_equal(count_ids(out), 12);
+    snprintf(cmd, sizeof(cmd), "%s generate -m %s --prompt-ids 5,6,7 --ignore-eos -c 10", bin(), m);
+    assert_int_equal(run(cmd, out, sizeof(out)), 0);
+    assert_int_equal(count_ids(out), 7);
+    snprintf(cmd, sizeof(cmd), "%s generate -m %s --prompt-ids 5,6,7 --ctx 3 2>/dev/null", bin(), m);
+    assert_int_equal(run(cmd, out, sizeof(out)), 2);
+    snprintf(cmd, sizeof(cmd), "%s generate -m %s --prompt-ids 5 --ctx 0 2>/dev/null", bin(), m);
+    assert_int_equal(run(cmd, out, sizeof(out)), 2);
+}
+
+/* Every KV type gives the README's greedy ids for stories260K (f16 and q8_0
+ * round K/V, but not enough to flip an argmax of this model in 31 tokens);
+ * an unknown type is a usage error. */
+static void test_generate_kv_types(void **state) {
+    (void)state;
+    char cmd[8192], out[4096];
+    const char *m = testutil_path(testutil_build_dir(), "tests/models/llama-f32.gguf");
+    snprintf(cmd, sizeof(cmd), "%s generate -m %s --prompt-ids 5 --kv-type q4_0 2>/dev/null", bin(),
+             m);
+    assert_int_equal(run(cmd, out, sizeof(out)), 2);
+    const char *types[] = {"f32", "f16", "q8_0"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof(cmd), "%s generate -m %s --prompt-ids 5,6,7 -n 9 --ignore-eos "
+                 "--kv-type %s", bin(), m, types[i]);
+        assert_int_equal(run(cmd, out, sizeof(out)), 0);
+        assert_int_equal(count_ids(out), 9);
+    }
+    const char *shared = shared_or_skip();
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof(cmd), "%s generate -m %s/models/stories260K.gguf --prompt-ids 1 "
+                 "-n 31 --kv-type %s", bin(), shared, types[i]);
+        assert_int_equal(run(cmd, out, sizeof(out)), 0);
+        assert_string_equal(out,
+                            "403 407 261 378 432 383 286 261 376 298 315 421 395 317 426 338 401 "
+                            "396 267 337 410 408 419 292 411 322 265 282 295 433 426\n");
+    }
+}
+
+/* batch --ctx: a line beyond the context gets an error line naming the
+ * sizes, the others run; --kv-type is checked. */
+static void test_batch_ctx_limit_and_kv_type(void **state) {
+    (void)state;
+    char path[4096], cmd[8192], out[8192];
+    snprintf(path, sizeof(path), "%s/test_batch_ctx.jsonl", testutil_build_dir());
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"prompt\":[5,6,7],\"max_tokens\":4,\"temperature\":0,\"ignore_eos\":true}\n"
+          "{\"prompt\":[5,6,7,8,9,10],\"max_tokens\":8,\"temperature\":0,\"ignore_eos\":true}\n", f);
+    fclose(f);
+    const char *m = testutil_path(testutil_build_dir(), "tests/models/llama-f32.gguf");
+    snprintf(cmd, sizeof(cmd), "%s batch -m %s --prompts %s --ctx 10 --kv-type q8_0 -t 1 "
+             "2>/dev/null", bin(), m, path);
+    assert_int_equal(run(cmd, out, sizeof(out)), 0);
+    assert_non_null(strstr(out, "{\"index\":0,\"text\""));
+    assert_non_null(strstr(out, "\"finish_reason\":\"length\""));
+    assert_non_null(strstr(out, "{\"index\":1,\"error\":\"the context is 10 tokens, but the "
+                                "prompt has 6 and max_tokens asks for 8 more\"}"));
+    snprintf(cmd, sizeof(cmd), "%s batch -m %s --prompts %s --kv-type int4 2>/dev/null", bin(), m,
+             path);
+    assert_int_equal(run(cmd, out, sizeof(out)), 2);
+    remove(path);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_generate_stories260k_prints_reference_ids),
@@ -209,6 +293,9 @@ int main(void) {
         cmocka_unit_test(test_generate_seed_reproducible),
         cmocka_unit_test(test_tokenize_detokenize_round_trip),
         cmocka_unit_test(test_generate_rejects_bad_text),
+        cmocka_unit_test(test_generate_ctx_limit),
+        cmocka_unit_test(test_generate_kv_types),
+        cmocka_unit_test(test_batch_ctx_limit_and_kv_type),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
