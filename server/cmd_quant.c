@@ -70,7 +70,8 @@ struct ppl_model {
     int32_t n_vocab;
 };
 
-static int ppl_open(const char *path, int32_t n_ctx, int32_t n_threads, struct ppl_model *out) {
+static int ppl_open(const char *path, int32_t n_ctx, int32_t n_threads,
+                    enum engine_kv_type kv_type, struct ppl_model *out) {
     memset(out, 0, sizeof(*out));
     struct engine_model_params mp = engine_model_default_params();
     mp.path = path;
@@ -83,6 +84,7 @@ static int ppl_open(const char *path, int32_t n_ctx, int32_t n_threads, struct p
     cp.max_batch_tokens = n_ctx;
     cp.max_outputs = n_ctx;
     cp.n_blocks = (n_ctx + cp.block_size - 1) / cp.block_size + 1;
+    cp.kv_type = kv_type;
     return engine_ctx_create(out->model, &cp, &out->ctx);
 }
 
@@ -104,15 +106,17 @@ static void log_softmax(const float *logits, int32_t n, double *out) {
 int cmd_perplexity(int argc, char **argv) {
     const char *model_path = NULL, *text_path = NULL, *base_path = NULL;
     int32_t n_ctx = 128, n_threads = 0, max_windows = 0;
+    enum engine_kv_type kv_type = ENGINE_KV_TYPE_F32;  // of -m; --base always has f32 KV
     static const struct option longopts[] = {
         {"model", required_argument, NULL, 'm'}, {"text", required_argument, NULL, 'f'},
         {"ctx", required_argument, NULL, 'c'},   {"base", required_argument, NULL, 'b'},
         {"threads", required_argument, NULL, 't'},
-        {"windows", required_argument, NULL, 'w'}, {NULL, 0, NULL, 0},
+        {"windows", required_argument, NULL, 'w'}, {"kv-type", required_argument, NULL, 'k'},
+        {NULL, 0, NULL, 0},
     };
     int opt;
     optind = 1;
-    while ((opt = getopt_long(argc, argv, "m:f:c:b:t:w:", longopts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "m:f:c:b:t:w:k:", longopts, NULL)) != -1) {
         switch (opt) {
         case 'm': model_path = optarg; break;
         case 'f': text_path = optarg; break;
@@ -120,15 +124,24 @@ int cmd_perplexity(int argc, char **argv) {
         case 'b': base_path = optarg; break;
         case 't': n_threads = atoi(optarg); break;
         case 'w': max_windows = atoi(optarg); break;
+        case 'k':
+            if (engine_kv_type_parse(optarg, &kv_type) != 0) {
+                fprintf(stderr, "perplexity: --kv-type: '%s' is not one of f32, f16, q8_0\n",
+                        optarg);
+                return 2;
+            }
+            break;
         default:
             fprintf(stderr, "usage: llmserve perplexity -m FILE --text FILE [--ctx N] "
-                            "[--base F32.gguf] [--windows N] [-t THREADS]\n");
+                            "[--base F32.gguf] [--windows N] [--kv-type f32|f16|q8_0] "
+                            "[-t THREADS]\n");
             return 2;
         }
     }
     if (!model_path || !text_path || n_ctx < 4) {
         fprintf(stderr, "usage: llmserve perplexity -m FILE --text FILE [--ctx N >= 4] "
-                        "[--base F32.gguf] [--windows N] [-t THREADS]\n");
+                        "[--base F32.gguf] [--windows N] [--kv-type f32|f16|q8_0] "
+                        "[-t THREADS]\n");
         return 2;
     }
     int exit_code = 1;
@@ -140,10 +153,10 @@ int cmd_perplexity(int argc, char **argv) {
     float *base_logits = NULL;
     int err = file_map(text_path, &text);
     if (err) goto done;
-    err = ppl_open(model_path, n_ctx, n_threads, &m);
+    err = ppl_open(model_path, n_ctx, n_threads, kv_type, &m);
     if (err) goto done;
     if (base_path) {
-        err = ppl_open(base_path, n_ctx, n_threads, &base);
+        err = ppl_open(base_path, n_ctx, n_threads, ENGINE_KV_TYPE_F32, &base);
         if (err) goto done;
         if (base.n_vocab != m.n_vocab) {
             fprintf(stderr, "perplexity: --base has %d tokens in its vocabulary, the model %d\n",
