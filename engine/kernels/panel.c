@@ -21,19 +21,34 @@ size_t kern_panel_bytes(const struct tensor *w) {
     return (size_t)n_panels * (size_t)w->ne[0] * KERN_PANEL_ROWS * esz;
 }
 
+/* Panel by panel, one k step (16 rows' elements) written at a time: 16
+ * sequential read streams and one sequential write stream. */
+#define PANEL_PACK(NAME, T)                                                      \
+    static void NAME(const struct tensor *w, T *restrict out) {                  \
+        const int64_t k = w->ne[0];                                              \
+        const int64_t n = w->ne[1];                                              \
+        for (int64_t r0 = 0; r0 < n; r0 += KERN_PANEL_ROWS) {                    \
+            const T *rows[KERN_PANEL_ROWS];                                      \
+            int nr = n - r0 < KERN_PANEL_ROWS ? (int)(n - r0) : KERN_PANEL_ROWS; \
+            for (int r = 0; r < nr; r++) rows[r] = tensor_row(w, r0 + r);        \
+            T *panel = out + (size_t)r0 * (size_t)k;                             \
+            for (int64_t j = 0; j < k; j++) {                                    \
+                T *step = panel + j * KERN_PANEL_ROWS;                           \
+                for (int r = 0; r < nr; r++) step[r] = rows[r][j];               \
+                for (int r = nr; r < KERN_PANEL_ROWS; r++) step[r] = 0;          \
+            }                                                                    \
+        }                                                                        \
+    }
+
+PANEL_PACK(pack_4, uint32_t)
+PANEL_PACK(pack_2, uint16_t)
+
 void kern_panel_pack(const struct tensor *w, void *dst) {
-    const size_t esz = w->type == QUANT_F32 ? 4 : 2;
-    const int64_t k = w->ne[0];
-    const int64_t n = w->ne[1];
-    uint8_t *out = dst;
-    memset(dst, 0, kern_panel_bytes(w));  // rows past n stay zero
-    for (int64_t r = 0; r < n; r++) {
-        const uint8_t *row = tensor_row(w, r);
-        uint8_t *p = out + (size_t)(r / KERN_PANEL_ROWS) * (size_t)k * KERN_PANEL_ROWS * esz +
-                     (size_t)(r % KERN_PANEL_ROWS) * esz;
-        for (int64_t j = 0; j < k; j++) {
-            memcpy(p + (size_t)j * KERN_PANEL_ROWS * esz, row + (size_t)j * esz, esz);
-        }
+    ASSERT(kern_panel_supports(w->type));
+    if (w->type == QUANT_F32) {
+        pack_4(w, dst);  // the bits of the floats, copied as they are
+    } else {
+        pack_2(w, dst);
     }
 }
 
