@@ -10,6 +10,7 @@
 
 #include <stdint.h>
 
+#include "engine/adapter.h"
 #include "engine/attention.h"
 #include "engine/engine.h"
 #include "engine/kernels/kernels.h"
@@ -42,6 +43,11 @@ struct engine_ctx {
     size_t att_scratch_floats;
     float *xo;                // [max_outputs][n_embd] normed rows that want logits
     float *logits;            // [max_outputs][n_vocab]
+
+    // Adapters (engine/lora.h); all NULL/empty when params.max_adapters is 0.
+    struct engine_adapter **adapters;  // [max_adapters] slots: an owned reference or NULL
+    struct adapter_batch ab;           // this batch's adapter tokens and scratch (owned)
+    int32_t *ab_count;                 // [max_adapters + 1] scratch of adapter_batch_build()
 };
 
 /* Runs the decoder over a validated batch (engine_forward checks the limits). */

@@ -77,6 +77,12 @@ void engine_ctx_free(struct engine_ctx *ctx) {
     free(ctx->att_tiles);
     free(ctx->xo);
     free(ctx->logits);
+    for (int32_t i = 0; ctx->adapters && i < ctx->params.max_adapters; i++) {
+        engine_adapter_release(ctx->adapters[i]);
+    }
+    free(ctx->adapters);
+    adapter_batch_deinit(&ctx->ab);
+    free(ctx->ab_count);
     free(ctx);
 }
 
@@ -98,11 +104,13 @@ int engine_ctx_create(const struct engine_model *m, const struct engine_ctx_para
     if (prm.max_batch_tokens < 1 || prm.max_batch_tokens > (1 << 20) || prm.max_seqs < 1 ||
         prm.max_outputs < 1 || prm.max_outputs > prm.max_batch_tokens || prm.block_size < 1 ||
         prm.block_size > 4096 || prm.n_blocks < 2 || prm.n_threads > 1024 ||
+        prm.max_adapters < 0 || prm.max_adapters > ENGINE_MAX_ADAPTERS ||
         prm.kv_type < 0 || prm.kv_type >= ENGINE_KV_TYPE_COUNT) {
         LOG_ERROR("%s: invalid context parameters (max_batch_tokens=%d max_seqs=%d "
-                  "max_outputs=%d block_size=%d n_blocks=%d threads=%d kv_type=%d)", __func__,
-                  prm.max_batch_tokens, prm.max_seqs, prm.max_outputs, prm.block_size,
-                  prm.n_blocks, prm.n_threads, (int)prm.kv_type);
+                  "max_outputs=%d block_size=%d n_blocks=%d threads=%d kv_type=%d "
+                  "max_adapters=%d)", __func__, prm.max_batch_tokens, prm.max_seqs,
+                  prm.max_outputs, prm.block_size, prm.n_blocks, prm.n_threads, (int)prm.kv_type,
+                  prm.max_adapters);
         return ERR_INVAL;
     }
     if (prm.max_seqs > prm.max_batch_tokens) prm.max_seqs = prm.max_batch_tokens;
@@ -151,6 +159,16 @@ int engine_ctx_create(const struct engine_model *m, const struct engine_ctx_para
     ctx->logits = alloc_floats((size_t)prm.max_outputs, (size_t)hp->n_vocab, &err);
     ctx->att_tiles = malloc(T * sizeof(*ctx->att_tiles));
     if (!ctx->att_tiles) err = ERR_NOMEM;
+    if (prm.max_adapters > 0 && !err) {
+        // The widest apply: q, k and v together, or gate and up together.
+        int64_t out_floats = (int64_t)n_q + 2 * (int64_t)n_kv;
+        if (2 * (int64_t)hp->n_ff > out_floats) out_floats = 2 * (int64_t)hp->n_ff;
+        if (hp->n_embd > out_floats) out_floats = hp->n_embd;
+        ctx->adapters = calloc((size_t)prm.max_adapters, sizeof(*ctx->adapters));
+        ctx->ab_count = malloc(((size_t)prm.max_adapters + 1) * sizeof(*ctx->ab_count));
+        if (!ctx->adapters || !ctx->ab_count) err = ERR_NOMEM;
+        if (!err) err = adapter_batch_init(&ctx->ab, prm.max_batch_tokens, out_floats);
+    }
     // Attention follows the kernels' choice: portable when they were forced portable.
     ctx->attn_kern = kern_attn_select(prm.kv_type, kern_get()->dot_f32 == kern_ref_dot_f32);
     if (err) {
@@ -187,6 +205,16 @@ int engine_forward(struct engine_ctx *ctx, const struct engine_batch *b,
         const int32_t block = sq->block_table[b->pos[t] / bs];
         ASSERT(block > 0 && block < p->n_blocks);
         if (b->output[t]) n_outputs++;
+    }
+    if (b->adapter) {
+        for (int32_t t = 0; t < b->n_tokens; t++) {
+            const int32_t slot = b->adapter[t];
+            if (slot < -1 || slot >= p->max_adapters || (slot >= 0 && !ctx->adapters[slot])) {
+                LOG_ERROR("%s: token %d names adapter slot %d, which is %s", __func__, t, slot,
+                          slot < -1 || slot >= p->max_adapters ? "out of range" : "empty");
+                return ERR_INVAL;
+            }
+        }
     }
     if (n_outputs > p->max_outputs) {
         LOG_ERROR("%s: %d output rows exceed the context's %d", __func__, n_outputs,

@@ -104,6 +104,8 @@ const char *engine_kv_type_name(enum engine_kv_type t);
  * else (not logged: the caller names the flag). [any thread] */
 int engine_kv_type_parse(const char *name, enum engine_kv_type *out);
 
+#define ENGINE_MAX_ADAPTERS 1024  // most adapter slots of one ctx
+
 struct engine_ctx_params {
     int32_t n_threads;         // kernel threads (and OpenBLAS threads); 0: all cores
     int32_t max_batch_tokens;  // most tokens in one engine_forward()
@@ -112,7 +114,8 @@ struct engine_ctx_params {
     int32_t block_size;        // tokens per KV block (default 16)
     int32_t n_blocks;          // KV blocks in the pool, block 0 included (block 0 is the
                                // null block: never written, never read)
-    int32_t max_adapters;      // adapter slots (engine/lora.h); 0: adapters not used
+    int32_t max_adapters;      // adapter slots (engine/lora.h), 0..ENGINE_MAX_ADAPTERS;
+                               // 0: adapters not used
     enum engine_kv_type kv_type;  // storage of the KV pool (default F32)
 };
 
@@ -165,7 +168,8 @@ struct engine_batch {
  * own promises and are ASSERTed. On success *out_logits points at
  * [n_outputs][n_vocab] floats, one row per token whose output flag is set, in
  * batch order; owned by ctx, valid until the next engine_forward() on ctx.
- * Returns 0, or ERR_INVAL if the batch exceeds the ctx's limits. [step thread] */
+ * Returns 0, or ERR_INVAL if the batch exceeds the ctx's limits or a token
+ * names an adapter slot that is out of range or empty (logged). [step thread] */
 int engine_forward(struct engine_ctx *ctx, const struct engine_batch *batch,
                    const float **out_logits);
 

@@ -2,6 +2,8 @@
  * forward.c - the decoder forward pass over one batch: embedding to logits in
  * one straight function, one step per comment, shapes on every buffer. Speed
  * lives in the kernels it calls (kern_matmul, attention_run), not here.
+ * Adapters (adapter.h) add their updates right after the projection they
+ * change; tokens without one are untouched, a batch without any costs nothing.
  *
  * T is the number of tokens in the batch (tokens of many sequences, flattened);
  * E = n_embd, Q = n_head * head_dim, KV = n_head_kv * head_dim, F = n_ff.
@@ -9,6 +11,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "engine/adapter.h"
 #include "engine/attention.h"
 #include "engine/base/alloc.h"
 #include "engine/ctx.h"
@@ -101,6 +104,11 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
         }
     }
 
+    // The tokens that carry an adapter, sorted by adapter into chunks (none: no-op applies)
+    struct adapter_batch *ab = &ctx->ab;
+    adapter_batch_build(ab, b->adapter, T, (const struct engine_adapter *const *)ctx->adapters,
+                        ctx->params.max_adapters, ctx->ab_count);
+
     // Query tiles for attention, shared by every layer
     const int32_t n_tiles = attention_tiles(b, ctx->att_tiles);
 
@@ -129,6 +137,10 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
         kern_matmul(pool, ks, L->wq, ctx->xb, T, ctx->q);
         kern_matmul(pool, ks, L->wk, ctx->xb, T, ctx->k);
         kern_matmul(pool, ks, L->wv, ctx->xb, T, ctx->v);
+        const struct adapter_target qkv[3] = {{ADAPTER_PROJ_Q, ctx->q, n_q},
+                                              {ADAPTER_PROJ_K, ctx->k, n_kv},
+                                              {ADAPTER_PROJ_V, ctx->v, n_kv}};
+        adapter_apply_lora(pool, ab, il, ctx->xb, n_embd, qkv, 3);       // + B (s A xb)
         if (L->bq) add_bias(ctx->q, L->bq, T, n_q);
         if (L->bk) add_bias(ctx->k, L->bk, T, n_kv);
         if (L->bv) add_bias(ctx->v, L->bv, T, n_kv);
@@ -154,23 +166,32 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
         att.layer = il;
         attention_run(pool, &att);                                       // [T][Q]
 
-        // Output projection and residual                                 [T][E]
+        // Output projection (+ LoRA), bottleneck adapter, residual       [T][E]
         kern_matmul(pool, ks, L->wo, ctx->att, T, ctx->xb2);
+        const struct adapter_target o[1] = {{ADAPTER_PROJ_O, ctx->xb2, n_embd}};
+        adapter_apply_lora(pool, ab, il, ctx->att, n_q, o, 1);
+        adapter_apply_bottleneck(pool, ab, il, ADAPTER_POS_ATTN, ctx->xb2, n_embd);
         add_rows(ctx->x, ctx->xb2, (int64_t)T * n_embd);
 
         // FFN norm                                                        [T][E]
         rmsnorm_rows(ctx->xb, ctx->x, L->ffn_norm, T, n_embd, hp->norm_eps);
 
-        // Gate and up projections                                         [T][F]
+        // Gate and up projections (+ LoRA)                               [T][F]
         kern_matmul(pool, ks, L->ffn_gate, ctx->xb, T, ctx->hb);
         kern_matmul(pool, ks, L->ffn_up, ctx->xb, T, ctx->hb2);
+        const struct adapter_target gu[2] = {{ADAPTER_PROJ_GATE, ctx->hb, n_ff},
+                                             {ADAPTER_PROJ_UP, ctx->hb2, n_ff}};
+        adapter_apply_lora(pool, ab, il, ctx->xb, n_embd, gu, 2);
 
         // SwiGLU: hb = silu(gate) * up                                     [T][F]
         struct swiglu_job sj = {.hb = ctx->hb, .hb2 = ctx->hb2};
         threadpool_run(pool, (int64_t)T * n_ff, 4096, swiglu_items, &sj);
 
-        // Down projection and residual                                    [T][E]
+        // Down projection (+ LoRA), bottleneck adapter, residual         [T][E]
         kern_matmul(pool, ks, L->ffn_down, ctx->hb, T, ctx->xb2);
+        const struct adapter_target down[1] = {{ADAPTER_PROJ_DOWN, ctx->xb2, n_embd}};
+        adapter_apply_lora(pool, ab, il, ctx->hb, n_ff, down, 1);
+        adapter_apply_bottleneck(pool, ab, il, ADAPTER_POS_FFN, ctx->xb2, n_embd);
         add_rows(ctx->x, ctx->xb2, (int64_t)T * n_embd);
     }
 

@@ -33,8 +33,10 @@ struct engine_adapter_info {
     enum engine_adapter_kind kind;
     const char *format;   // "peft", "gguf" or "bottleneck"
     const char *path;     // as given to engine_adapter_load
-    int32_t rank;         // LoRA r, or the bottleneck width
-    float scale;          // LoRA: alpha / r (alpha / sqrt(r) with rsLoRA); bottleneck: 1
+    int32_t rank;         // LoRA: the largest r of its projections; bottleneck: the width
+    float scale;          // LoRA: alpha / r (alpha / sqrt(r) with rsLoRA) of the config (PEFT;
+                          //   rank/alpha patterns may give projections others) or of
+                          //   the first tensor pair (GGUF); bottleneck: its scaling (1)
     int32_t n_targets;    // projections (LoRA) or modules (bottleneck) the adapter changes
     size_t bytes;         // memory the converted weights take
 };
