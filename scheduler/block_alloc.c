@@ -25,7 +25,7 @@ struct block_meta {
     int32_t n_refs;
     int32_t prev;          // free-list links, valid when on_list
     int32_t next;
-    int32_t adapter;       // adapter of the cached tokens
+    uint64_t adapter_id;   // adapter identity of the cached tokens (0: none)
     bool on_list;
     bool has_key;
     struct block_hash key; // valid when has_key
@@ -192,18 +192,18 @@ void block_alloc_unref(struct block_alloc *a, int32_t id) {
 }
 
 int32_t block_alloc_lookup(const struct block_alloc *a, struct block_hash key,
-                           const int32_t *tokens, int32_t adapter) {
+                           const int32_t *tokens, uint64_t adapter_id) {
     int32_t id = a->map[map_find_slot(a, key)];
     if (id == 0) return 0;
     const struct block_meta *b = &a->blocks[id];
     size_t bytes = (size_t)a->block_size * sizeof(*tokens);
-    if (b->adapter != adapter || memcmp(&a->tokens[(size_t)id * (size_t)a->block_size], tokens, bytes))
+    if (b->adapter_id != adapter_id || memcmp(&a->tokens[(size_t)id * (size_t)a->block_size], tokens, bytes))
         return 0;  // a 128-bit collision: never hand out different tokens
     return id;
 }
 
 bool block_alloc_publish(struct block_alloc *a, int32_t id, struct block_hash key,
-                         const int32_t *tokens, int32_t adapter) {
+                         const int32_t *tokens, uint64_t adapter_id) {
     ASSERT(id > 0 && id < a->n_blocks);
     struct block_meta *b = &a->blocks[id];
     ASSERT(b->n_refs > 0);
@@ -213,7 +213,7 @@ bool block_alloc_publish(struct block_alloc *a, int32_t id, struct block_hash ke
     a->map[slot] = id;
     b->key = key;
     b->has_key = true;
-    b->adapter = adapter;
+    b->adapter_id = adapter_id;
     memcpy(&a->tokens[(size_t)id * (size_t)a->block_size], tokens,
            (size_t)a->block_size * sizeof(*tokens));
     return true;

@@ -61,15 +61,15 @@ void block_alloc_ref(struct block_alloc *a, int32_t id);
 void block_alloc_unref(struct block_alloc *a, int32_t id);
 
 /* The block whose key is key and whose tokens equal tokens[0..block_size)
- * under adapter, or 0. Does not change n_refs (the caller refs a hit). */
+ * under adapter_id (0 = none), or 0. Does not change n_refs (the caller refs a hit). */
 int32_t block_alloc_lookup(const struct block_alloc *a, struct block_hash key,
-                           const int32_t *tokens, int32_t adapter);
+                           const int32_t *tokens, uint64_t adapter_id);
 
 /* Publishes used block id, now full of tokens[0..block_size) (its KV written),
  * under key. Returns true when published; false when the block already has a
  * key or another block holds this key (the block then stays uncached). */
 bool block_alloc_publish(struct block_alloc *a, int32_t id, struct block_hash key,
-                         const int32_t *tokens, int32_t adapter);
+                         const int32_t *tokens, uint64_t adapter_id);
 
 /* Drops every cache key of a block on the free list (they become plain
  * free); keys of used blocks stay. */

@@ -32,11 +32,12 @@ static void absorb(struct lanes *l, uint64_t w) {
 }
 
 struct block_hash block_hash_compute(struct block_hash parent, const int32_t *tokens,
-                                     int32_t n_tokens, int32_t adapter) {
+                                     int32_t n_tokens, uint64_t adapter_id) {
     struct lanes l = {parent.lo ^ 0x243f6a8885a308d3ull, parent.hi ^ 0x13198a2e03707344ull};
     absorb(&l, parent.hi);
     absorb(&l, parent.lo);
-    absorb(&l, (uint64_t)(uint32_t)adapter | ((uint64_t)(uint32_t)n_tokens << 32));
+    absorb(&l, adapter_id);
+    absorb(&l, (uint64_t)(uint32_t)n_tokens);
     int32_t i = 0;
     // two tokens per absorbed word
     for (; i + 1 < n_tokens; i += 2)

@@ -24,9 +24,12 @@ struct block_hash {
 #define BLOCK_HASH_ROOT ((struct block_hash){0x6c6c6d7365727665ull, 0x626c6f636b726f6full})
 
 /* Key of a block holding tokens[0..n_tokens) after the prefix whose last block
- * has key parent, computed under adapter (-1 = none). */
+ * has key parent, computed under the adapter with identity adapter_id (0 =
+ * none). The identity is never an adapter slot number, which is reused for
+ * other adapters: it is the scheduler's per-residency id (scheduler/lora_slots.h),
+ * unique for the scheduler's life. */
 struct block_hash block_hash_compute(struct block_hash parent, const int32_t *tokens,
-                                     int32_t n_tokens, int32_t adapter);
+                                     int32_t n_tokens, uint64_t adapter_id);
 
 bool block_hash_equal(struct block_hash a, struct block_hash b);
 

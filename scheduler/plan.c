@@ -16,7 +16,12 @@
  *      recompute), oldest first, with what budget is left;
  *   3. waiting sequences, FIFO, while budget, max_seqs and blocks allow, and
  *      only in a step that preempted nobody (admitting while preempting would
- *      thrash).
+ *      thrash). A sequence with an adapter also needs an adapter slot
+ *      (lora_slots.h); when none can be had it stays waiting and admission
+ *      goes on past it, but only for sequences without an adapter: so
+ *      base-model requests are not held up by adapter traffic, and the slots'
+ *      users drain until the blocked sequence gets one (no starvation by later
+ *      adapter requests either).
  * When a running sequence needs a block and none is free, the newest running
  * sequence is preempted (recompute: blocks freed, tokens kept, head of the
  * waiting queue), repeatedly, down to the sequence itself.
@@ -29,6 +34,7 @@
 #include "engine/base/alloc.h"
 #include "scheduler/block_alloc.h"
 #include "scheduler/block_table.h"
+#include "scheduler/lora_slots.h"
 
 void step_plan_init(struct step_plan *p, int32_t max_seqs) {
     memset(p, 0, sizeof(*p));
@@ -49,6 +55,7 @@ struct planner {
     struct seq_queue *waiting;
     struct seq_queue *rejected;
     struct block_alloc *a;
+    struct lora_slots *loras;
     const struct plan_budget *b;
     struct step_plan *out;
     int32_t budget;  // tokens left this step
@@ -78,10 +85,18 @@ static void drop_from_plan(struct planner *pl, const struct seq *s) {
     }
 }
 
+/* A sequence leaving RUNNING (or a failed admission) gives its adapter slot back. */
+static void release_slot(struct planner *pl, struct seq *s) {
+    if (s->slot < 0) return;
+    lora_slots_release(pl->loras, s->slot);
+    s->slot = -1;
+}
+
 /* Recompute preemption (nano-vllm's four lines). */
 static void preempt(struct planner *pl, struct seq *s) {
     drop_from_plan(pl, s);
     block_table_release(&s->table, pl->a);
+    release_slot(pl, s);
     seq_reset_computed(s);
     s->status = SEQ_STATUS_PREEMPTED;
     s->n_preemptions++;
@@ -92,6 +107,7 @@ static void preempt(struct planner *pl, struct seq *s) {
 
 static void reject(struct planner *pl, struct seq_queue *from, struct seq *s) {
     block_table_release(&s->table, pl->a);
+    release_slot(pl, s);
     s->status = SEQ_STATUS_FINISHED_ERROR;
     seq_queue_remove(from, s);
     seq_queue_push_back(pl->rejected, s);
@@ -129,11 +145,27 @@ static void schedule_running(struct planner *pl, struct seq *s) {
     }
 }
 
-/* Admits the head of the waiting queue if it fits; false when it must wait. */
-static bool admit(struct planner *pl, struct seq *s) {
+enum admit_result {
+    ADMIT_OK,            // running now
+    ADMIT_GONE,          // can never fit: rejected
+    ADMIT_LATER_BLOCKS,  // not enough free blocks: wait, and so does everyone behind
+    ADMIT_LATER_LORA,    // every adapter slot is in use: wait
+};
+
+/* Admits waiting sequence s if it fits. */
+static enum admit_result admit(struct planner *pl, struct seq *s) {
     struct block_alloc *a = pl->a;
     int32_t bs = block_alloc_block_size(a);
-    ASSERT(s->n_computed == 0 && s->table.n_blocks == 0);
+    ASSERT(s->n_computed == 0 && s->table.n_blocks == 0 && s->slot < 0);
+    // The adapter slot first: its residency's id is part of every cache key.
+    if (s->adapter) {
+        ASSERT(pl->loras && pl->loras->n_slots > 0);  // scheduler_submit refuses otherwise
+        uint64_t id = 0;
+        int32_t slot = lora_slots_acquire(pl->loras, s->adapter, &id);
+        if (slot == LORA_SLOTS_NONE) return ADMIT_LATER_LORA;
+        s->slot = slot;
+        seq_set_adapter_id(s, id);
+    }
     // Prefix hits: full blocks whose key and tokens are cached, never the block
     // holding the last token, whose logits this step must compute. Each hit is
     // referenced at once (a cached block leaves the free list), so the reserve
@@ -143,7 +175,7 @@ static bool admit(struct planner *pl, struct seq *s) {
         int32_t n_lookup = (s->n_tokens - 1) / bs;
         while (n_hits < n_lookup) {
             struct block_hash key = seq_block_key(s, n_hits, bs);
-            int32_t id = block_alloc_lookup(a, key, &s->tokens[n_hits * bs], s->adapter);
+            int32_t id = block_alloc_lookup(a, key, &s->tokens[n_hits * bs], s->adapter_id);
             if (id == 0) break;
             block_table_append(&s->table, a, id);
             n_hits++;
@@ -157,13 +189,15 @@ static bool admit(struct planner *pl, struct seq *s) {
     enum block_reserve r = block_table_reserve(&s->table, a, start + n_new);
     if (r == BLOCK_RESERVE_NEVER) {
         reject(pl, pl->waiting, s);
-        return true;  // gone; the next one may fit
+        return ADMIT_GONE;  // the next one may fit
     }
     if (r == BLOCK_RESERVE_LATER) {
-        // Give the hits back (they stay cached, now at the LRU tail) and wait.
+        // Give the hits back (they stay cached, now at the LRU tail) and the
+        // slot (its adapter stays resident), and wait.
         block_table_release(&s->table, a);
+        release_slot(pl, s);
         seq_reset_computed(s);
-        return false;
+        return ADMIT_LATER_BLOCKS;
     }
     s->n_cached = start;
     s->n_published = n_hits;
@@ -173,11 +207,12 @@ static bool admit(struct planner *pl, struct seq *s) {
     pl->out->n_admitted++;
     pl->out->n_prefix_hit_tokens += start;
     add_to_plan(pl, s, n_new);
-    return true;
+    return ADMIT_OK;
 }
 
 void plan_step(struct seq_queue *running, struct seq_queue *waiting, struct seq_queue *rejected,
-               struct block_alloc *a, const struct plan_budget *b, struct step_plan *out) {
+               struct block_alloc *a, struct lora_slots *loras, const struct plan_budget *b,
+               struct step_plan *out) {
     ASSERT(b->max_batch_tokens >= 1 && b->max_seqs >= 1 && b->max_seqs <= out->max_seqs);
     out->n_seqs = 0;
     out->n_tokens = 0;
@@ -185,7 +220,8 @@ void plan_step(struct seq_queue *running, struct seq_queue *waiting, struct seq_
     out->n_preempted = 0;
     out->n_rejected = 0;
     out->n_prefix_hit_tokens = 0;
-    struct planner pl = {running, waiting, rejected, a, b, out, b->max_batch_tokens};
+    out->n_lora_waits = 0;
+    struct planner pl = {running, waiting, rejected, a, loras, b, out, b->max_batch_tokens};
 
     // 1. decodes, then 2. running sequences further behind.
     for (int pass = 0; pass < 2; pass++) {
@@ -202,9 +238,19 @@ void plan_step(struct seq_queue *running, struct seq_queue *waiting, struct seq_
             nxt = s->status == SEQ_STATUS_RUNNING ? s->next : NULL;
         }
     }
-    // 3. admission, FIFO, never in a step that preempted.
+    // 3. admission, FIFO, never in a step that preempted; past a sequence
+    // waiting for an adapter slot only sequences without an adapter.
     if (out->n_preempted > 0) return;
-    while (waiting->head && pl.budget > 0 && running->n < b->max_seqs) {
-        if (!admit(&pl, waiting->head)) break;
+    bool is_lora_blocked = false;
+    struct seq *nxt;
+    for (struct seq *s = waiting->head; s && pl.budget > 0 && running->n < b->max_seqs; s = nxt) {
+        nxt = s->next;
+        if (s->adapter && is_lora_blocked) continue;
+        enum admit_result r = admit(&pl, s);
+        if (r == ADMIT_LATER_BLOCKS) break;
+        if (r == ADMIT_LATER_LORA) {
+            is_lora_blocked = true;
+            out->n_lora_waits++;
+        }
     }
 }

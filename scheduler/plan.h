@@ -19,6 +19,7 @@
 #include "scheduler/seq.h"
 
 struct block_alloc;
+struct lora_slots;
 
 struct plan_budget {
     int32_t max_batch_tokens;  // token_budget of one step, >= 1
@@ -37,6 +38,7 @@ struct step_plan {
     int32_t n_preempted;          // moved from running to the waiting head this step
     int32_t n_rejected;           // could never fit: moved to the rejected queue
     int32_t n_prefix_hit_tokens;  // prompt tokens of admitted sequences found in the cache
+    int32_t n_lora_waits;         // admissions put off because every adapter slot was in use
     int32_t max_seqs;
 };
 
@@ -44,12 +46,17 @@ void step_plan_init(struct step_plan *p, int32_t max_seqs);  // aborts on OOM (b
 void step_plan_deinit(struct step_plan *p);
 
 /* Plans one step (vLLM's rule, see plan.c). running and waiting are FIFO
- * (oldest at the head); sequences move between them. A waiting sequence that
+ * (oldest at the head); sequences move between them. Admitting a sequence
+ * with an adapter acquires a slot of loras (its seq->slot and adapter_id are
+ * set; dirty slots must be put into the ctx before the forward pass); every
+ * sequence leaving RUNNING here releases its slot. loras may be NULL when no
+ * sequence has an adapter. A waiting sequence that
  * can never fit the pool goes to rejected with SEQ_STATUS_FINISHED_ERROR
  * (its request then fails with ERR_TOOLONG). Every scheduled sequence has
  * blocks for positions [0, n_computed + n_new) afterwards. The plan's
  * pointers are valid until the sequences leave the queues. */
 void plan_step(struct seq_queue *running, struct seq_queue *waiting, struct seq_queue *rejected,
-               struct block_alloc *a, const struct plan_budget *b, struct step_plan *out);
+               struct block_alloc *a, struct lora_slots *loras, const struct plan_budget *b,
+               struct step_plan *out);
 
 #endif // SCHEDULER_PLAN_H

@@ -27,6 +27,7 @@
 #include "engine/stop.h"
 #include "scheduler/block_alloc.h"
 #include "scheduler/block_table.h"
+#include "scheduler/lora_slots.h"
 #include "scheduler/mailbox.h"
 #include "scheduler/plan.h"
 #include "scheduler/seq.h"
@@ -42,6 +43,7 @@ struct scheduler {
 
     // step-thread state
     struct block_alloc *alloc;          // owned
+    struct lora_slots loras;            // owned; the ctx's adapter slots, as planned
     struct seq_queue running;           // owns its sequences
     struct seq_queue waiting;           // owns its sequences
     struct seq_queue rejected;          // filled by plan_step, emptied in the same step
@@ -96,6 +98,7 @@ struct scheduler_params scheduler_default_params(void) {
         .max_queue = 1024,
         .enable_prefix_cache = true,
         .n_threads = 0,
+        .max_loras = 8,
     };
     return p;
 }
@@ -107,7 +110,7 @@ struct scheduler_request scheduler_default_request(void) {
     r.max_tokens = 16;
     r.skip_special = true;
     r.n_logprobs = -1;
-    r.adapter = -1;
+    r.adapter = NULL;
     return r;
 }
 
@@ -132,6 +135,10 @@ static enum channel_finish finish_of(enum seq_status st) {
 static void finish_seq(struct scheduler *s, struct seq *sq, int err) {
     ASSERT(seq_is_finished(sq));
     block_table_release(&sq->table, s->alloc);
+    if (sq->slot >= 0) {
+        lora_slots_release(&s->loras, sq->slot);
+        sq->slot = -1;
+    }
     if (sq->channel) {
         struct channel_usage u = {sq->n_prompt, seq_n_generated(sq), sq->n_cached,
                                   sq->n_preemptions};
@@ -228,6 +235,10 @@ static void publish_stats(struct scheduler *s) {
     s->cur.n_blocks_used = block_alloc_n_used(s->alloc);
     s->cur.n_blocks_free = block_alloc_n_free(s->alloc);
     s->cur.n_blocks_cached = block_alloc_n_cached(s->alloc);
+    s->cur.n_lora_slots = s->loras.n_slots;
+    s->cur.n_lora_resident = lora_slots_n_resident(&s->loras);
+    s->cur.n_lora_loads = s->loras.n_loads;
+    s->cur.n_lora_evictions = s->loras.n_evictions;
     atomic_store(&s->n_waiting, s->waiting.n);
     uv_mutex_lock(&s->stats_lock);
     s->published = s->cur;
@@ -256,19 +267,77 @@ static void emit_token(struct scheduler *s, struct seq *sq, const float *row, in
     }
 }
 
+/* Takes plan entry i out of the plan (its sequence failed before the forward pass). */
+static void drop_plan_entry(struct step_plan *plan, int32_t i) {
+    plan->n_tokens -= plan->n_new[i];
+    for (int32_t j = i + 1; j < plan->n_seqs; j++) {
+        plan->seqs[j - 1] = plan->seqs[j];
+        plan->n_new[j - 1] = plan->n_new[j];
+    }
+    plan->n_seqs--;
+}
+
+/* Puts the adapters the plan assigned into the ctx's slots (no file I/O: the
+ * adapters were loaded on other threads). A slot the engine refuses fails the
+ * planned sequences that use it, and is emptied. */
+static void sync_adapter_slots(struct scheduler *s) {
+    for (int32_t k = 0; k < s->loras.n_slots; k++) {
+        struct lora_slot *ls = &s->loras.slots[k];
+        if (!ls->is_dirty) continue;
+        int err = engine_ctx_set_adapter(s->ctx, k, ls->adapter);
+        if (!err) {
+            ls->is_dirty = false;
+            LOG_DEBUG("adapter slot=%d adapter_id=%llu loaded", (int)k,
+                      (unsigned long long)ls->adapter_id);
+            continue;
+        }
+        LOG_ERROR("engine_ctx_set_adapter slot=%d failed: %s; failing its sequences", (int)k,
+                  err_str(err));
+        for (int32_t i = s->plan.n_seqs - 1; i >= 0; i--) {
+            struct seq *sq = s->plan.seqs[i];
+            if (sq->slot != k) continue;
+            drop_plan_entry(&s->plan, i);
+            seq_queue_remove(&s->running, sq);
+            sq->status = SEQ_STATUS_FINISHED_ERROR;
+            finish_seq(s, sq, err);
+        }
+        // Running sequences outside this step's plan may hold the slot too.
+        struct seq *nxt;
+        for (struct seq *sq = s->running.head; sq; sq = nxt) {
+            nxt = sq->next;
+            if (sq->slot != k) continue;
+            seq_queue_remove(&s->running, sq);
+            sq->status = SEQ_STATUS_FINISHED_ERROR;
+            finish_seq(s, sq, err);
+        }
+        ASSERT(ls->n_users == 0);
+        engine_adapter_release(ls->adapter);
+        ls->adapter = NULL;
+        ls->adapter_id = 0;
+        ls->is_dirty = false;
+        engine_ctx_set_adapter(s->ctx, k, NULL);
+    }
+}
+
 int32_t scheduler_step(struct scheduler *s) {
     atomic_store(&s->t_progress_ns, clock_mono_ns());
     drain_mailbox(s);
     if (s->stopping && clock_mono_ns() >= s->t_stop_deadline_ns) cancel_all(s);
 
     struct step_plan *plan = &s->plan;
-    plan_step(&s->running, &s->waiting, &s->rejected, s->alloc, &s->budget, plan);
+    plan_step(&s->running, &s->waiting, &s->rejected, s->alloc, &s->loras, &s->budget, plan);
     s->cur.n_preemptions += plan->n_preempted;
     s->cur.n_prefix_hit_tokens += plan->n_prefix_hit_tokens;
+    s->cur.n_lora_waits += plan->n_lora_waits;
     while (s->rejected.head) {
         struct seq *sq = seq_queue_pop_front(&s->rejected);
         finish_seq(s, sq, ERR_TOOLONG);
     }
+    if (plan->n_seqs == 0) {
+        publish_stats(s);
+        return 0;
+    }
+    sync_adapter_slots(s);
     if (plan->n_seqs == 0) {
         publish_stats(s);
         return 0;
@@ -287,7 +356,7 @@ int32_t scheduler_step(struct scheduler *s) {
             s->b_token[n] = sq->tokens[pos];
             s->b_pos[n] = pos;
             s->b_seq[n] = i;
-            s->b_adapter[n] = sq->adapter;
+            s->b_adapter[n] = sq->slot;
             s->b_output[n] = pos == sq->n_tokens - 1;
             if (s->b_output[n]) s->row_of[i] = n_out++;
             n++;
@@ -342,8 +411,40 @@ bool scheduler_has_work(struct scheduler *s) {
     return s->running.n > 0 || s->waiting.n > 0 || atomic_load(&s->n_submitted) > 0;
 }
 
+/* Every slot's n_users equals the running sequences that name it. */
+static bool check_slots(struct scheduler *s) {
+    if (!lora_slots_check(&s->loras)) return false;
+    for (int32_t k = 0; k < s->loras.n_slots; k++) {
+        int32_t n = 0;
+        for (struct seq *q = s->running.head; q; q = q->next) n += q->slot == k;
+        if (n != s->loras.slots[k].n_users) {
+            LOG_ERROR("scheduler_check: adapter slot %d has n_users %d but %d running sequences",
+                      (int)k, (int)s->loras.slots[k].n_users, (int)n);
+            return false;
+        }
+    }
+    for (struct seq *q = s->waiting.head; q; q = q->next) {
+        if (q->slot >= 0) {
+            LOG_ERROR("scheduler_check: waiting seq=%llu holds adapter slot %d",
+                      (unsigned long long)q->id, (int)q->slot);
+            return false;
+        }
+    }
+    for (struct seq *q = s->running.head; q; q = q->next) {
+        if ((q->adapter != NULL) != (q->slot >= 0) ||
+            (q->slot >= 0 && (s->loras.slots[q->slot].adapter != q->adapter ||
+                              s->loras.slots[q->slot].adapter_id != q->adapter_id))) {
+            LOG_ERROR("scheduler_check: running seq=%llu has slot %d for the wrong adapter",
+                      (unsigned long long)q->id, (int)q->slot);
+            return false;
+        }
+    }
+    return true;
+}
+
 bool scheduler_check(struct scheduler *s) {
     if (!block_alloc_check(s->alloc)) return false;
+    if (!check_slots(s)) return false;
     int32_t n_blocks = block_alloc_n_total(s->alloc) + 1;
     memset(s->check_refs, 0, (size_t)n_blocks * sizeof(*s->check_refs));
     struct seq_queue *queues[2] = {&s->running, &s->waiting};
@@ -438,11 +539,12 @@ int scheduler_create(const struct engine_model *model, const struct scheduler_pa
     if (p->block_size < 1 || p->block_size > 1024 || p->max_seqs < 1 ||
         p->max_batch_tokens < 1 || p->max_queue < 1 || p->kv_blocks < 0 ||
         (p->kv_blocks == 0 && p->kv_memory_mib < 1) || p->n_ctx < 0 ||
-        p->kv_type < 0 || p->kv_type >= ENGINE_KV_TYPE_COUNT) {
+        p->kv_type < 0 || p->kv_type >= ENGINE_KV_TYPE_COUNT || p->max_loras < 0 ||
+        p->max_loras > SCHEDULER_MAX_LORAS) {
         LOG_ERROR("%s: bad params block_size=%d max_seqs=%d max_batch_tokens=%d max_queue=%d "
-                  "kv_blocks=%d kv_memory_mib=%d", __func__, (int)p->block_size,
+                  "kv_blocks=%d kv_memory_mib=%d max_loras=%d", __func__, (int)p->block_size,
                   (int)p->max_seqs, (int)p->max_batch_tokens, (int)p->max_queue,
-                  (int)p->kv_blocks, (int)p->kv_memory_mib);
+                  (int)p->kv_blocks, (int)p->kv_memory_mib, (int)p->max_loras);
         return ERR_INVAL;
     }
     int32_t n_blocks = pool_blocks(model, p);
@@ -478,6 +580,8 @@ int scheduler_create(const struct engine_model *model, const struct scheduler_pa
     cp.block_size = p->block_size;
     cp.n_blocks = n_blocks;
     cp.kv_type = p->kv_type;
+    cp.max_adapters = p->max_loras;
+    lora_slots_init(&s->loras, p->max_loras);
     int err = engine_ctx_create(model, &cp, &s->ctx);
     if (err) goto fail;
     err = block_alloc_create(n_blocks, p->block_size, &s->alloc);
@@ -516,11 +620,11 @@ int scheduler_create(const struct engine_model *model, const struct scheduler_pa
     s->has_stats = true;
     publish_stats(s);
     LOG_INFO("scheduler: kv_blocks=%d block_size=%d kv_type=%s kv_mib=%.1f max_seqs=%d max_batch_tokens=%d "
-             "prefix_cache=%d n_ctx=%d", (int)(n_blocks - 1), (int)p->block_size,
+             "prefix_cache=%d n_ctx=%d max_loras=%d", (int)(n_blocks - 1), (int)p->block_size,
              engine_kv_type_name(p->kv_type),
              (double)engine_kv_block_bytes(model, p->block_size, p->kv_type) * (n_blocks - 1) / 1048576.0,
              (int)p->max_seqs, (int)p->max_batch_tokens, (int)p->enable_prefix_cache,
-             (int)s->n_ctx);
+             (int)s->n_ctx, (int)p->max_loras);
     *out = s;
     return 0;
 
@@ -580,6 +684,7 @@ void scheduler_free(struct scheduler *s) {
     sampler_scratch_free(s->scratch);
     buf_free(&s->text);
     block_alloc_destroy(s->alloc);
+    lora_slots_deinit(&s->loras);
     engine_ctx_free(s->ctx);
     free(s);
 }
@@ -590,7 +695,7 @@ static int validate_request(const struct scheduler *s, const struct scheduler_re
     if (!r->prompt || r->n_prompt < 1 || r->max_tokens < 1 || r->min_tokens < 0 ||
         r->n_logprobs < -1 || r->n_logprobs > SAMPLER_MAX_TOP_LOGPROBS || r->n_stop < 0 ||
         r->n_stop_token_ids < 0 || (r->n_stop_token_ids > 0 && !r->stop_token_ids) ||
-        r->adapter < -1)
+        (r->adapter && s->p.max_loras == 0))
         return ERR_INVAL;
     for (int32_t i = 0; i < r->n_prompt; i++)
         if (r->prompt[i] < 0 || r->prompt[i] >= s->n_vocab) return ERR_INVAL;

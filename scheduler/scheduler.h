@@ -24,6 +24,7 @@
 #include "scheduler/stats.h"
 
 #define SCHEDULER_BLOCK_SIZE_DEFAULT 16
+#define SCHEDULER_MAX_LORAS 256   // most adapter slots
 #define SCHEDULER_STALL_MS 60000   // work pending and no step began this long: not alive
 
 struct scheduler_params {
@@ -37,6 +38,7 @@ struct scheduler_params {
     int32_t n_threads;          // kernel threads, 0: all cores
     int32_t n_ctx;              // most tokens of one sequence; 0: the model's context_length
     enum engine_kv_type kv_type; // storage of the KV pool (ENGINE_KV_TYPE_F32)
+    int32_t max_loras;          // adapter slots of the engine ctx (8); 0: no adapters
 };
 
 struct scheduler_params scheduler_default_params(void);
@@ -57,11 +59,21 @@ struct scheduler_request {
     bool ignore_eos;
     bool skip_special;              // leave control tokens out of the text
     int32_t n_logprobs;             // -1: none; 0: chosen token's; 1..20: plus the top k
-    int32_t adapter;                // -1: none
+    struct engine_adapter *adapter; // NULL: the base model. Retained by a successful
+                                    //    submit until the sequence is done, so the
+                                    //    caller may release its own reference at once
 };
 
 /* Defaults: greedy-free sampler defaults, max_tokens 16, min_tokens 0, no
- * stops, skip_special true, n_logprobs -1, adapter -1. */
+ * stops, skip_special true, n_logprobs -1, no adapter.
+ *
+ * Adapters: the step thread gives an adapter one of max_loras engine slots
+ * when a sequence using it is admitted (a resident one, else a free slot,
+ * else the least recently used slot no running sequence uses, which is
+ * evicted); when all slots are in use the sequence waits in the queue
+ * (scheduler/lora_slots.h, scheduler/plan.c). Sequences under different
+ * adapters share batches. The prefix cache never shares blocks between
+ * adapters, or between an adapter and the base model. */
 struct scheduler_request scheduler_default_request(void);
 
 struct scheduler;
@@ -85,8 +97,8 @@ bool scheduler_is_alive(struct scheduler *s);
 /* Queues a request. On success *out_id is its sequence id (never reused) and
  * *out_channel the consumer's reference to its output channel (release it
  * with channel_release() when done, also after cancel). Returns 0; ERR_INVAL
- * (bad token ids, sampling params or stop strings; nothing logged: client
- * input); ERR_TOOLONG when n_prompt + max_tokens exceeds the model's context
+ * (bad token ids, sampling params or stop strings, or an adapter when
+ * max_loras is 0; nothing logged: client input); ERR_TOOLONG when n_prompt + max_tokens exceeds the model's context
  * or the KV pool; ERR_FULL when max_queue requests are waiting; ERR_SHUTDOWN
  * after scheduler_stop(); ERR_NOMEM. [any thread] */
 int scheduler_submit(struct scheduler *s, const struct scheduler_request *req, uint64_t *out_id,

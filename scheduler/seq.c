@@ -34,7 +34,8 @@ int seq_create(uint64_t id, const struct tokenizer *tok, int32_t n_vocab, const 
     s->min_tokens = p->min_tokens;
     s->ignore_eos = p->ignore_eos;
     s->n_logprobs = p->n_logprobs;
-    s->adapter = p->adapter;
+    s->adapter = p->adapter ? engine_adapter_retain(p->adapter) : NULL;
+    s->slot = -1;
     s->tok = tok;
     tokenizer_stream_init(&s->stream, p->skip_special);
     int32_t cap = block_table_blocks_for(s->n_tokens_max, block_size);
@@ -79,6 +80,7 @@ void seq_destroy(struct seq *s) {
     stop_matcher_free(s->stop);
     buf_free(&s->piece);
     channel_release(s->channel);
+    engine_adapter_release(s->adapter);
     free(s);
 }
 
@@ -136,12 +138,18 @@ void seq_reset_computed(struct seq *s) {
     s->n_cached = 0;
 }
 
+void seq_set_adapter_id(struct seq *s, uint64_t adapter_id) {
+    if (s->adapter_id == adapter_id) return;
+    s->adapter_id = adapter_id;
+    s->n_hashed = 0;
+}
+
 struct block_hash seq_block_key(struct seq *s, int32_t i, int32_t block_size) {
     ASSERT(i >= 0 && (i + 1) * block_size <= s->n_tokens && i < s->table.cap);
     while (s->n_hashed <= i) {
         int32_t j = s->n_hashed;
         struct block_hash parent = j ? s->keys[j - 1] : BLOCK_HASH_ROOT;
-        s->keys[j] = block_hash_compute(parent, &s->tokens[j * block_size], block_size, s->adapter);
+        s->keys[j] = block_hash_compute(parent, &s->tokens[j * block_size], block_size, s->adapter_id);
         s->n_hashed = j + 1;
     }
     return s->keys[i];
@@ -153,7 +161,7 @@ void seq_publish_blocks(struct seq *s, struct block_alloc *a) {
     for (int32_t i = s->n_published; i < n_full; i++) {
         struct block_hash key = seq_block_key(s, i, bs);
         int32_t id = s->table.ids[i];
-        if (id != 0) block_alloc_publish(a, id, key, &s->tokens[i * bs], s->adapter);
+        if (id != 0) block_alloc_publish(a, id, key, &s->tokens[i * bs], s->adapter_id);
     }
     if (n_full > s->n_published) s->n_published = n_full;
 }

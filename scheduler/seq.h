@@ -51,7 +51,7 @@ struct seq_params {
     bool ignore_eos;                // do not stop at eos/eot (load generators)
     bool skip_special;              // leave control tokens out of the text
     int32_t n_logprobs;             // -1: none; 0: the chosen token's; k: plus top k
-    int32_t adapter;                // adapter slot, -1 = none
+    struct engine_adapter *adapter; // NULL: the base model; seq_create() retains it
 };
 
 struct seq {
@@ -74,7 +74,10 @@ struct seq {
     int32_t n_stop_token_ids;
     bool ignore_eos;
     int32_t n_logprobs;
-    int32_t adapter;
+    struct engine_adapter *adapter;   // owned reference, NULL: the base model
+    int32_t slot;                     // adapter slot while RUNNING with an adapter, else -1
+    uint64_t adapter_id;              // adapter identity in prefix-cache keys (0: none;
+                                      //    lora_slots.h), set at admission
     struct sampler *sampler;          // owned
     struct stop_matcher *stop;        // owned; NULL without stop strings
     struct tokenizer_stream stream;   // incremental detokeniser state
@@ -120,6 +123,11 @@ enum seq_status seq_append(struct seq *s, int32_t token, struct buf *text);
 /* Preemption by recompute: n_computed = 0; the caller releases the blocks.
  * Generated tokens, sampler and text state are kept. [step thread] */
 void seq_reset_computed(struct seq *s);
+
+/* Sets the adapter identity used by the prefix-cache keys; the remembered
+ * keys are dropped when it changes (a reload of the adapter into a slot).
+ * [step thread] */
+void seq_set_adapter_id(struct seq *s, uint64_t adapter_id);
 
 /* Prefix-cache key of full block i (positions [i * bs, (i + 1) * bs) all in
  * tokens), computed once and remembered. [step thread] */

@@ -39,6 +39,11 @@ struct scheduler_stats {
     int64_t n_prefix_hit_tokens;      // of those, found in the prefix cache
     int64_t n_computed_tokens;        // tokens run through the engine (incl. recompute)
     int64_t n_generated_tokens;
+    int32_t n_lora_slots;             // adapter slots (max_loras)
+    int32_t n_lora_resident;          // slots holding an adapter
+    int64_t n_lora_loads;             // adapters put into a slot
+    int64_t n_lora_evictions;         // of those, replacing a resident adapter (LRU, unused)
+    int64_t n_lora_waits;             // admissions put off because every slot was in use
     struct stats_histogram ttft;          // submit -> first token
     struct stats_histogram inter_token;   // between tokens of a sequence
     struct stats_histogram latency;       // submit -> finish

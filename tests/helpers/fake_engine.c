@@ -7,6 +7,7 @@
 #include "tests/helpers/fake_engine.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,19 @@
 struct fake_counters {
     int64_t n_errors;
     int64_t n_tokens;
+    atomic_int n_live_adapters;   // loaded and not yet freed
+    atomic_llong n_adapter_sets;  // engine_ctx_set_adapter calls with an adapter
+};
+
+/* A fake adapter: its effect is a salt mixed into the chain hash of every
+ * token computed under it, so its tokens' K/V and logits differ from the
+ * base model's and from every other adapter's. */
+struct engine_adapter {
+    atomic_int n_refs;
+    const struct engine_model *m;
+    uint64_t salt;
+    char *path;                    // owned
+    struct engine_adapter_info info;
 };
 
 struct tokenizer {
@@ -45,6 +59,7 @@ struct engine_ctx {
     float *logits;        // [max_batch_tokens * n_vocab]
     int32_t *order;       // [max_batch_tokens]
     const struct engine_batch *sort_batch;
+    struct engine_adapter **slots;  // [max_adapters] each an owned reference or NULL
 };
 
 static uint64_t mix(uint64_t x) {
@@ -108,6 +123,75 @@ const char *engine_kv_type_name(enum engine_kv_type t) {
     return t >= 0 && t < ENGINE_KV_TYPE_COUNT ? names[t] : "?";
 }
 
+/* ---- adapters ---- */
+
+int engine_adapter_load(const struct engine_model *m, const char *path,
+                        struct engine_adapter **out) {
+    *out = NULL;
+    if (!path || !*path || strstr(path, "missing")) return ERR_IO;
+    if (strstr(path, "bad")) return ERR_FORMAT;
+    struct engine_adapter *a = xcalloc(1, sizeof(*a));
+    atomic_init(&a->n_refs, 1);
+    a->m = m;
+    a->path = xstrdup(path);
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const char *c = path; *c; c++) h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
+    a->salt = mix(h) | 1;
+    a->info.kind = ENGINE_ADAPTER_LORA;
+    a->info.format = "fake";
+    a->info.path = a->path;
+    a->info.rank = 4;
+    a->info.scale = 1.0f;
+    a->info.n_targets = 1;
+    a->info.bytes = 64;
+    atomic_fetch_add(&m->counters->n_live_adapters, 1);
+    *out = a;
+    return 0;
+}
+
+struct engine_adapter *engine_adapter_retain(struct engine_adapter *a) {
+    ASSERT(atomic_fetch_add(&a->n_refs, 1) > 0);
+    return a;
+}
+
+void engine_adapter_release(struct engine_adapter *a) {
+    if (!a) return;
+    int n = atomic_fetch_sub(&a->n_refs, 1);
+    ASSERT(n > 0);
+    if (n > 1) return;
+    atomic_fetch_sub(&a->m->counters->n_live_adapters, 1);
+    free(a->path);
+    free(a);
+}
+
+const struct engine_adapter_info *engine_adapter_get_info(const struct engine_adapter *a) {
+    return &a->info;
+}
+
+int engine_ctx_set_adapter(struct engine_ctx *c, int32_t slot, struct engine_adapter *a) {
+    if (slot < 0 || slot >= c->p.max_adapters || (a && a->m != c->m)) return ERR_INVAL;
+    if (a) {
+        engine_adapter_retain(a);
+        atomic_fetch_add(&c->m->counters->n_adapter_sets, 1);
+    }
+    engine_adapter_release(c->slots[slot]);
+    c->slots[slot] = a;
+    return 0;
+}
+
+const struct engine_adapter *engine_ctx_adapter(const struct engine_ctx *c, int32_t slot) {
+    ASSERT(slot >= 0 && slot < c->p.max_adapters);
+    return c->slots[slot];
+}
+
+int32_t fake_engine_n_live_adapters(const struct engine_model *m) {
+    return atomic_load(&m->counters->n_live_adapters);
+}
+
+int64_t fake_engine_n_adapter_sets(const struct engine_model *m) {
+    return atomic_load(&m->counters->n_adapter_sets);
+}
+
 /* ---- ctx ---- */
 
 struct engine_ctx_params engine_ctx_default_params(void) {
@@ -128,12 +212,15 @@ int engine_ctx_create(const struct engine_model *m, const struct engine_ctx_para
     for (size_t i = 0; i < n_slots; i++) c->kv[i].pos = -1;
     c->logits = xmalloc((size_t)p->max_batch_tokens * (size_t)m->p.n_vocab * sizeof(float));
     c->order = xmalloc((size_t)p->max_batch_tokens * sizeof(int32_t));
+    if (p->max_adapters > 0) c->slots = xcalloc((size_t)p->max_adapters, sizeof(*c->slots));
     *out = c;
     return 0;
 }
 
 void engine_ctx_free(struct engine_ctx *c) {
     if (!c) return;
+    for (int32_t i = 0; i < c->p.max_adapters; i++) engine_adapter_release(c->slots[i]);
+    free(c->slots);
     free(c->kv);
     free(c->logits);
     free(c->order);
@@ -191,6 +278,8 @@ int engine_forward(struct engine_ctx *c, const struct engine_batch *b, const flo
     for (int32_t t = 0; t < b->n_tokens; t++) {
         ASSERT(b->seq[t] >= 0 && b->seq[t] < b->n_seqs && b->pos[t] >= 0);
         ASSERT(b->token[t] >= 0 && b->token[t] < n_vocab);
+        int32_t slot = b->adapter ? b->adapter[t] : -1;
+        if (slot >= 0 && (slot >= c->p.max_adapters || !c->slots[slot])) return ERR_INVAL;
         c->order[t] = t;
     }
     sort_b = b;
@@ -210,7 +299,8 @@ int engine_forward(struct engine_ctx *c, const struct engine_batch *b, const flo
             if (ps) prev = ps->h;
         }
         struct kv_slot *sl = slot_of(c, b, si, pos, pos);
-        uint64_t h = chain(prev, b->token[t], pos);
+        int32_t slot = b->adapter ? b->adapter[t] : -1;
+        uint64_t h = chain(slot >= 0 ? prev ^ c->slots[slot]->salt : prev, b->token[t], pos);
         if (sl) {
             sl->pos = pos;
             sl->token = b->token[t];

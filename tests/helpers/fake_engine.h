@@ -14,6 +14,14 @@
  * must have been written, earlier or in this batch, with that position;
  * violations are counted (fake_engine_n_errors), never crash.
  *
+ * Fake adapters (engine/lora.h): engine_adapter_load() accepts any path
+ * except those containing "missing" (ERR_IO) or "bad" (ERR_FORMAT); an
+ * adapter's effect is a salt (a hash of its path) mixed into h of every token
+ * computed under it, so an adapter changes a sequence's whole future, and a
+ * block computed under one adapter gives wrong outputs under another. A batch
+ * naming an empty slot is ERR_INVAL. Adapters must be released before their
+ * model is freed.
+ *
  * Fake tokenizer: token 1 is eos (eog), 0 is bos; token id t >= 2 decodes to
  * "t<id> " (e.g. "t17 "); 0 and 1 decode to "".
  */
@@ -41,6 +49,11 @@ struct engine_model *fake_engine_model_create(const struct fake_engine_params *p
 int64_t fake_engine_n_errors(const struct engine_model *m);
 /* Tokens run through engine_forward() by every ctx of m. */
 int64_t fake_engine_n_tokens(const struct engine_model *m);
+
+/* Fake adapters loaded and not yet freed (0 when no reference leaked). */
+int32_t fake_engine_n_live_adapters(const struct engine_model *m);
+/* engine_ctx_set_adapter() calls that put an adapter into a slot. */
+int64_t fake_engine_n_adapter_sets(const struct engine_model *m);
 
 /* The greedy next token after the history h of a position (the fake's logits
  * argmax), exposed so tests can build oracles without the scheduler. */

@@ -5,8 +5,11 @@
  * chunked prefill (small token budget) and without, and across preemption
  * (tiny pools). Uses the synthetic models of tests/models/meson.build
  * (llama-f32, llama-swa for a sliding window, llama-q8_0 and llama256-q4_k_m
- * for quantized weights), with f32, f16 and q8_0 KV; skips when they are not
- * built.
+ * for quantized weights), with f32, f16 and q8_0 KV, and with LoRA and
+ * bottleneck adapters (the adapters of tests/models: requests on the base
+ * model and four adapters, more adapters than slots, a shared prompt prefix
+ * that the prefix cache must not hand from one adapter to another); skips
+ * when they are not built.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -28,6 +31,7 @@ struct req_spec {
     int32_t n_prompt;
     int32_t max_tokens;
     int32_t arrival_step;
+    struct engine_adapter *adapter;  // borrowed; NULL: the base model
 };
 
 struct result {
@@ -96,6 +100,7 @@ static void run(const struct engine_model *m, const struct scheduler_params *p,
             q.max_tokens = reqs[i].max_tokens;
             q.sampling.temperature = 0.0f;
             q.ignore_eos = true;
+            q.adapter = reqs[i].adapter;
             uint64_t id;
             assert_int_equal(scheduler_submit(s, &q, &id, &ch[i]), 0);
         }
@@ -129,6 +134,7 @@ static void make_reqs(uint64_t seed, int32_t n_vocab, struct req_spec *reqs, int
                                               : (int32_t)(rng_next(&rng) % (uint64_t)n_vocab);
         r->max_tokens = 1 + (int32_t)(rng_next(&rng) % MAX_GEN);
         r->arrival_step = (int32_t)(rng_next(&rng) % 12);
+        r->adapter = NULL;
     }
     reqs[0].arrival_step = 0;
 }
@@ -261,6 +267,71 @@ static void test_batch_invariance_kv_types(void **state) {
     }
 }
 
+/* Requests on the base model and four adapters (LoRA in f32/f16/bf16 and a
+ * bottleneck adapter), max_loras slots: the same tokens as each alone. */
+static void check_lora(uint64_t seed, int n_others, int32_t max_loras, int32_t n_blocks,
+                       int32_t budget, bool prefix, int64_t *n_preempt) {
+    struct engine_model *m = load("llama-f32.gguf");
+    assert_non_null(m);
+    const char *names[4] = {"llama-peft", "llama-gguf-f16.gguf", "llama-bn", "llama-peft-bf16-rs"};
+    struct engine_adapter *ad[4];
+    for (int k = 0; k < 4; k++) {
+        const char *path =
+            testutil_path(testutil_path(testutil_build_dir(), "tests/models"), names[k]);
+        assert_int_equal(engine_adapter_load(m, path, &ad[k]), 0);
+    }
+    int32_t n_vocab = engine_model_get_info(m)->n_vocab;
+    struct req_spec reqs[MAX_REQ];
+    struct result alone[MAX_REQ], got[MAX_REQ];
+    int n = n_others + 1;
+    make_reqs(seed, n_vocab, reqs, n);
+    uint64_t rng = seed * 7919;
+    for (int i = 0; i < n; i++) {
+        int k = (int)(rng_next(&rng) % 5) - 1;
+        reqs[i].adapter = k < 0 ? NULL : ad[k];
+    }
+    struct scheduler_params big = params(1024, 512, false, ENGINE_KV_TYPE_F32);
+    big.max_loras = 1;
+    for (int i = 0; i < n; i++) {
+        struct req_spec one = reqs[i];
+        one.arrival_step = 0;
+        run(m, &big, &one, 1, &alone[i], NULL);
+    }
+    struct scheduler_params p = params(n_blocks, budget, prefix, ENGINE_KV_TYPE_F32);
+    p.max_loras = max_loras;
+    run(m, &p, reqs, n, got, n_preempt);
+    for (int i = 0; i < n; i++) {
+        bool same = alone[i].n_tokens == got[i].n_tokens &&
+                    !memcmp(alone[i].tokens, got[i].tokens, (size_t)got[i].n_tokens * sizeof(int32_t));
+        if (!same) {
+            fprintf(stderr, "lora: request %d of %d (adapter %p) differs from alone (seed=%llu "
+                    "max_loras=%d blocks=%d budget=%d prefix=%d)\n", i, n,
+                    (void *)reqs[i].adapter, (unsigned long long)seed, (int)max_loras,
+                    (int)n_blocks, (int)budget, (int)prefix);
+            fail();
+        }
+    }
+    for (int k = 0; k < 4; k++) engine_adapter_release(ad[k]);
+    engine_model_free(m);
+}
+
+static void test_batch_invariance_lora_adapters(void **state) {
+    (void)state;
+    const char *dir = testutil_path(testutil_build_dir(), "tests/models");
+    if (!testutil_exists(testutil_path(dir, "llama-peft.stamp"))) {
+        printf("skipping: the adapters of tests/models are not built\n");
+        skip();
+        return;
+    }
+    check_lora(600, 16, 4, 1024, 512, true, NULL);
+    check_lora(601, 16, 2, 1024, 512, true, NULL);    // fewer slots than adapters
+    check_lora(602, 64, 3, 1024, 13, true, NULL);     // chunked prefill
+    int64_t n_preempt = 0;
+    check_lora(603, 16, 2, 9, 64, true, &n_preempt);  // preemption
+    check_lora(604, 16, 4, 9, 64, false, &n_preempt);
+    assert_true(n_preempt > 0);
+}
+
 int main(void) {
     log_set_level(LOG_LEVEL_WARN);
     const struct CMUnitTest tests[] = {
@@ -269,6 +340,7 @@ int main(void) {
         cmocka_unit_test(test_batch_invariance_sliding_window),
         cmocka_unit_test(test_batch_invariance_quantized),
         cmocka_unit_test(test_batch_invariance_kv_types),
+        cmocka_unit_test(test_batch_invariance_lora_adapters),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -55,30 +55,30 @@ static void test_block_alloc_reuses_lru_cached_block_first(void **state) {
     int32_t t1[2], t2[2];
     fill(t1, 2, 10);
     fill(t2, 2, 20);
-    struct block_hash k1 = block_hash_compute(BLOCK_HASH_ROOT, t1, 2, -1);
-    struct block_hash k2 = block_hash_compute(BLOCK_HASH_ROOT, t2, 2, -1);
+    struct block_hash k1 = block_hash_compute(BLOCK_HASH_ROOT, t1, 2, 0);
+    struct block_hash k2 = block_hash_compute(BLOCK_HASH_ROOT, t2, 2, 0);
     int32_t b1 = block_alloc_allocate(a);
     int32_t b2 = block_alloc_allocate(a);
     int32_t b3 = block_alloc_allocate(a);
-    assert_true(block_alloc_publish(a, b1, k1, t1, -1));
-    assert_true(block_alloc_publish(a, b2, k2, t2, -1));
-    assert_false(block_alloc_publish(a, b3, k1, t1, -1));  // key taken: stays uncached
+    assert_true(block_alloc_publish(a, b1, k1, t1, 0));
+    assert_true(block_alloc_publish(a, b2, k2, t2, 0));
+    assert_false(block_alloc_publish(a, b3, k1, t1, 0));  // key taken: stays uncached
     block_alloc_unref(a, b1);  // cached, LRU head
     block_alloc_unref(a, b2);  // cached
     block_alloc_unref(a, b3);  // plain free, tail
     assert_true(block_alloc_check(a));
     assert_int_equal(block_alloc_n_cached(a), 2);
     assert_int_equal(block_alloc_n_free(a), 3);
-    assert_int_equal(block_alloc_lookup(a, k1, t1, -1), b1);
-    assert_int_equal(block_alloc_lookup(a, k1, t1, 0), 0);  // other adapter
+    assert_int_equal(block_alloc_lookup(a, k1, t1, 0), b1);
+    assert_int_equal(block_alloc_lookup(a, k1, t1, 7), 0);  // other adapter
     // A hit revives b2 from the free list.
-    block_alloc_ref(a, block_alloc_lookup(a, k2, t2, -1));
+    block_alloc_ref(a, block_alloc_lookup(a, k2, t2, 0));
     assert_int_equal(block_alloc_n_refs(a, b2), 1);
     assert_int_equal(block_alloc_n_cached(a), 1);
     assert_true(block_alloc_check(a));
     // Fresh allocations come from the head: b1 first (evicting its key), then b3.
     assert_int_equal(block_alloc_allocate(a), b1);
-    assert_int_equal(block_alloc_lookup(a, k1, t1, -1), 0);
+    assert_int_equal(block_alloc_lookup(a, k1, t1, 0), 0);
     assert_int_equal(block_alloc_allocate(a), b3);
     assert_int_equal(block_alloc_allocate(a), 0);
     assert_true(block_alloc_check(a));
@@ -91,12 +91,12 @@ static void test_block_alloc_lookup_compares_tokens(void **state) {
     assert_int_equal(block_alloc_create(3, 2, &a), 0);
     int32_t t[2] = {1, 2};
     int32_t u[2] = {1, 3};
-    struct block_hash k = block_hash_compute(BLOCK_HASH_ROOT, t, 2, -1);
+    struct block_hash k = block_hash_compute(BLOCK_HASH_ROOT, t, 2, 0);
     int32_t b = block_alloc_allocate(a);
-    assert_true(block_alloc_publish(a, b, k, t, -1));
+    assert_true(block_alloc_publish(a, b, k, t, 0));
     // A (forged) equal key with other tokens must never hit.
-    assert_int_equal(block_alloc_lookup(a, k, u, -1), 0);
-    assert_int_equal(block_alloc_lookup(a, k, t, -1), b);
+    assert_int_equal(block_alloc_lookup(a, k, u, 0), 0);
+    assert_int_equal(block_alloc_lookup(a, k, t, 0), b);
     block_alloc_unref(a, b);
     block_alloc_clear_cache(a);
     assert_int_equal(block_alloc_n_cached(a), 0);
@@ -156,8 +156,8 @@ static void sim_start(struct sim_seq *q, struct block_alloc *a, uint64_t *rng) {
     // Prefix hits over full blocks, never the one holding the last token.
     struct block_hash parent = BLOCK_HASH_ROOT;
     for (int32_t i = 0; (i + 1) * SIM_BS <= q->n_tokens - 1; i++) {
-        struct block_hash k = block_hash_compute(parent, &q->tokens[i * SIM_BS], SIM_BS, -1);
-        int32_t id = block_alloc_lookup(a, k, &q->tokens[i * SIM_BS], -1);
+        struct block_hash k = block_hash_compute(parent, &q->tokens[i * SIM_BS], SIM_BS, 0);
+        int32_t id = block_alloc_lookup(a, k, &q->tokens[i * SIM_BS], 0);
         if (id == 0) break;
         block_table_append(&q->table, a, id);
         q->keys[i] = k;
@@ -188,8 +188,8 @@ static void sim_step(struct sim_seq *q, struct block_alloc *a, uint64_t *rng, bo
     while ((q->n_published + 1) * SIM_BS <= q->n_computed) {
         int32_t i = q->n_published;
         struct block_hash parent = i ? q->keys[i - 1] : BLOCK_HASH_ROOT;
-        q->keys[i] = block_hash_compute(parent, &q->tokens[i * SIM_BS], SIM_BS, -1);
-        if (q->table.ids[i]) block_alloc_publish(a, q->table.ids[i], q->keys[i], &q->tokens[i * SIM_BS], -1);
+        q->keys[i] = block_hash_compute(parent, &q->tokens[i * SIM_BS], SIM_BS, 0);
+        if (q->table.ids[i]) block_alloc_publish(a, q->table.ids[i], q->keys[i], &q->tokens[i * SIM_BS], 0);
         q->n_published++;
     }
 }

@@ -15,23 +15,23 @@
 static void test_block_hash_is_deterministic(void **state) {
     (void)state;
     int32_t t[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
-    struct block_hash a = block_hash_compute(BLOCK_HASH_ROOT, t, 16, -1);
-    struct block_hash b = block_hash_compute(BLOCK_HASH_ROOT, t, 16, -1);
+    struct block_hash a = block_hash_compute(BLOCK_HASH_ROOT, t, 16, 0);
+    struct block_hash b = block_hash_compute(BLOCK_HASH_ROOT, t, 16, 0);
     assert_true(block_hash_equal(a, b));
 }
 
 static void test_block_hash_depends_on_every_input(void **state) {
     (void)state;
     int32_t t[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
-    struct block_hash base = block_hash_compute(BLOCK_HASH_ROOT, t, 16, -1);
-    assert_false(block_hash_equal(base, block_hash_compute(base, t, 16, -1)));   // parent
-    assert_false(block_hash_equal(base, block_hash_compute(BLOCK_HASH_ROOT, t, 16, 0)));  // adapter
-    assert_false(block_hash_equal(base, block_hash_compute(BLOCK_HASH_ROOT, t, 15, -1)));  // length
+    struct block_hash base = block_hash_compute(BLOCK_HASH_ROOT, t, 16, 0);
+    assert_false(block_hash_equal(base, block_hash_compute(base, t, 16, 0)));   // parent
+    assert_false(block_hash_equal(base, block_hash_compute(BLOCK_HASH_ROOT, t, 16, 7)));  // adapter
+    assert_false(block_hash_equal(base, block_hash_compute(BLOCK_HASH_ROOT, t, 15, 0)));  // length
     int32_t u[16];
     for (int i = 0; i < 16; i++) u[i] = t[i];
     u[3] = 5;
     u[4] = 4;  // swapped order
-    assert_false(block_hash_equal(base, block_hash_compute(BLOCK_HASH_ROOT, u, 16, -1)));
+    assert_false(block_hash_equal(base, block_hash_compute(BLOCK_HASH_ROOT, u, 16, 0)));
 }
 
 /* 64k blocks differing in one token at one position: every key distinct in
@@ -52,7 +52,7 @@ static void test_block_hash_no_collisions_over_near_identical_blocks(void **stat
     for (int i = 0; i < N; i++) {
         int32_t t[16] = {0};
         t[i % 16] = i / 16 + 1;
-        struct block_hash h = block_hash_compute(BLOCK_HASH_ROOT, t, 16, -1);
+        struct block_hash h = block_hash_compute(BLOCK_HASH_ROOT, t, 16, 0);
         lo[i] = h.lo;
         hi[i] = h.hi;
     }

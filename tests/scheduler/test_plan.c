@@ -70,7 +70,7 @@ static struct seq *add(int32_t n_prompt, int32_t max_tokens, int32_t base) {
     p.sampling = sampler_default_params();
     p.max_tokens = max_tokens;
     p.n_logprobs = -1;
-    p.adapter = -1;
+    p.adapter = NULL;
     p.ignore_eos = true;
     struct seq *s;
     assert_int_equal(seq_create(++fx.next_id, engine_model_tokenizer(fx.model), 64, prompt,
@@ -80,7 +80,7 @@ static struct seq *add(int32_t n_prompt, int32_t max_tokens, int32_t base) {
 }
 
 static void plan(void) {
-    plan_step(&fx.running, &fx.waiting, &fx.rejected, fx.a, &fx.b, &fx.plan);
+    plan_step(&fx.running, &fx.waiting, &fx.rejected, fx.a, NULL, &fx.b, &fx.plan);
     assert_true(block_alloc_check(fx.a));
     assert_true(fx.plan.n_tokens <= fx.b.max_batch_tokens);
     assert_true(fx.running.n <= fx.b.max_seqs);

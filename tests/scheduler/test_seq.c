@@ -37,7 +37,7 @@ static struct seq_params params(int32_t max_tokens) {
     p.sampling = sampler_default_params();
     p.max_tokens = max_tokens;
     p.n_logprobs = -1;
-    p.adapter = -1;
+    p.adapter = NULL;
     return p;
 }
 
