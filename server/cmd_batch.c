@@ -10,6 +10,8 @@
  *           or {"index", "error"} for a line that could not be run.
  *   stderr: one summary line "batch: requests=N generated=N wall_s=S tok_s=T
  *           prompt_tokens=N prefix_hit_tokens=N preemptions=N".
+ * A line's "model" names an adapter given with --lora NAME=PATH (absent or
+ * the model's own name: the base model; anything else: an error line).
  * Requests are submitted --arrival-ms apart (0: all at once). The step loop
  * runs on the main thread (scheduler_step): the tool needs no second thread,
  * and arrivals land between steps exactly when due.
@@ -34,6 +36,17 @@
 
 #define BATCH_MAX_FILE_BYTES ((size_t)1 << 30)
 #define BATCH_MAX_STOPS STOP_MAX_STRINGS  // the scheduler validates the list
+#define BATCH_MAX_LORAS 256
+
+/* The adapters of --lora, loaded before the lines are read. */
+struct batch_loras {
+    const char *names[BATCH_MAX_LORAS];         // borrowed from argv, cut at '='
+    size_t name_lens[BATCH_MAX_LORAS];
+    const char *paths[BATCH_MAX_LORAS];         // borrowed from argv
+    struct engine_adapter *adapters[BATCH_MAX_LORAS];  // owned references
+    int32_t n;
+    const char *base_name;                      // the model's own name (borrowed)
+};
 
 struct batch_line {
     int32_t *prompt;                        // owned
@@ -62,6 +75,9 @@ static void batch_usage(FILE *fp) {
             "      --max-seqs N           running sequences at most (default 64)\n"
             "      --max-batch-tokens N   tokens per step (default 512)\n"
             "      --no-prefix-cache      disable automatic prefix caching\n"
+            "      --lora NAME=PATH       an adapter a line selects with \"model\": \"NAME\"\n"
+            "                             (repeatable)\n"
+            "      --max-loras N          adapter slots: distinct adapters batched at once (8)\n"
             "  -c, --ctx N                most tokens of one request, prompt + max_tokens\n"
             "                             (default: the model's context_length); a line asking\n"
             "                             for more gets an error\n"
@@ -86,8 +102,8 @@ static bool get_number(json_t *o, const char *key, double *out) {
 }
 
 /* Fills l from one JSON line; on failure writes l->error. */
-static void parse_line(const struct tokenizer *tok, int32_t n_vocab, const char *text, size_t len,
-                       struct batch_line *l) {
+static void parse_line(const struct tokenizer *tok, int32_t n_vocab, const struct batch_loras *lo,
+                       const char *text, size_t len, struct batch_line *l) {
     json_error_t je;
     json_t *o = json_loadb(text, len, 0, &je);
     l->req = scheduler_default_request();
@@ -138,6 +154,18 @@ static void parse_line(const struct tokenizer *tok, int32_t n_vocab, const char 
         sp->has_seed = true;
     }
     l->req.ignore_eos = json_is_true(json_object_get(o, "ignore_eos"));
+    json_t *model = json_object_get(o, "model");
+    if (json_is_string(model) && strcmp(json_string_value(model), lo->base_name) != 0) {
+        const char *name = json_string_value(model);
+        for (int32_t i = 0; i < lo->n; i++)
+            if (strlen(name) == lo->name_lens[i] && strncmp(name, lo->names[i], lo->name_lens[i]) == 0)
+                l->req.adapter = lo->adapters[i];  // borrowed: batch_loras outlives the run
+        if (!l->req.adapter)
+            snprintf(l->error, sizeof(l->error), "model: '%.128s' is neither the model nor a --lora",
+                     name);
+    } else if (model && !json_is_null(model) && !json_is_string(model)) {
+        snprintf(l->error, sizeof(l->error), "model: not a string");
+    }
     json_t *stop = json_object_get(o, "stop");
     int32_t n_stop = 0;
     if (json_is_string(stop)) {
@@ -219,6 +247,8 @@ int cmd_batch(int argc, char **argv) {
     const char *prompts_path = NULL;
     int32_t arrival_ms = 0;
     struct scheduler_params sp = scheduler_default_params();
+    static struct batch_loras lo;  // large: not on the stack
+    memset(&lo, 0, sizeof(lo));
     static const struct option long_opts[] = {
         {"model", required_argument, NULL, 'm'},
         {"prompts", required_argument, NULL, 'P'},
@@ -232,6 +262,8 @@ int cmd_batch(int argc, char **argv) {
         {"threads", required_argument, NULL, 't'},
         {"ctx", required_argument, NULL, 'c'},
         {"kv-type", required_argument, NULL, 'V'},
+        {"lora", required_argument, NULL, 'L'},
+        {"max-loras", required_argument, NULL, 'R'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -257,6 +289,18 @@ int cmd_batch(int argc, char **argv) {
                 return 2;
             }
             break;
+        case 'R': ok = parse_i32(optarg, 0, SCHEDULER_MAX_LORAS, &sp.max_loras); break;
+        case 'L': {
+            const char *eq = strchr(optarg, '=');
+            ok = eq && eq != optarg && eq[1] && lo.n < BATCH_MAX_LORAS;
+            if (ok) {
+                lo.names[lo.n] = optarg;
+                lo.name_lens[lo.n] = (size_t)(eq - optarg);
+                lo.paths[lo.n] = eq + 1;
+                lo.n++;
+            }
+            break;
+        }
         case 'h': batch_usage(stdout); return 0;
         default: batch_usage(stderr); return 2;
         }
@@ -291,6 +335,25 @@ int cmd_batch(int argc, char **argv) {
     }
     const struct tokenizer *tok = engine_model_tokenizer(model);
     int32_t n_vocab = engine_model_get_info(model)->n_vocab;
+    lo.base_name = engine_model_get_info(model)->name;
+    for (int32_t i = 0; i < lo.n; i++) {
+        err = engine_adapter_load(model, lo.paths[i], &lo.adapters[i]);
+        if (err) {
+            fprintf(stderr, "batch: cannot load the adapter %.*s=%s: %s\n", (int)lo.name_lens[i],
+                    lo.names[i], lo.paths[i], err_str(err));
+            for (int32_t k = 0; k < i; k++) engine_adapter_release(lo.adapters[k]);
+            free(text);
+            engine_model_free(model);
+            return 1;
+        }
+    }
+    if (lo.n > 0 && sp.max_loras == 0) {
+        fprintf(stderr, "batch: --lora needs --max-loras >= 1\n");
+        for (int32_t k = 0; k < lo.n; k++) engine_adapter_release(lo.adapters[k]);
+        free(text);
+        engine_model_free(model);
+        return 2;
+    }
 
     // One entry per non-empty line.
     int64_t n_lines = 0;
@@ -308,7 +371,7 @@ int cmd_batch(int argc, char **argv) {
             }
             struct batch_line *l = &lines[n_lines++];
             memset(l, 0, sizeof(*l));
-            parse_line(tok, n_vocab, p, (size_t)(end - p), l);
+            parse_line(tok, n_vocab, &lo, p, (size_t)(end - p), l);
         }
         p = end + 1;
     }
@@ -320,6 +383,7 @@ int cmd_batch(int argc, char **argv) {
     if (err) {
         fprintf(stderr, "batch: cannot start the scheduler: %s\n", err_str(err));
         scheduler_free(s);
+        for (int32_t k = 0; k < lo.n; k++) engine_adapter_release(lo.adapters[k]);
         engine_model_free(model);
         return 1;
     }
@@ -393,15 +457,18 @@ int cmd_batch(int argc, char **argv) {
     fflush(stdout);
     fprintf(stderr,
             "batch: requests=%lld generated=%lld wall_s=%.3f tok_s=%.1f prompt_tokens=%lld "
-            "prefix_hit_tokens=%lld preemptions=%lld steps=%lld\n",
+            "prefix_hit_tokens=%lld preemptions=%lld steps=%lld lora_loads=%lld "
+            "lora_evictions=%lld lora_waits=%lld\n",
             (long long)n_lines, (long long)st.n_generated_tokens, wall_s,
             wall_s > 0 ? (double)st.n_generated_tokens / wall_s : 0.0,
             (long long)st.n_prompt_tokens, (long long)st.n_prefix_hit_tokens,
-            (long long)st.n_preemptions, (long long)st.n_steps);
+            (long long)st.n_preemptions, (long long)st.n_steps, (long long)st.n_lora_loads,
+            (long long)st.n_lora_evictions, (long long)st.n_lora_waits);
     free(acc);
     free(done);
     free(lines);
     scheduler_free(s);
+    for (int32_t k = 0; k < lo.n; k++) engine_adapter_release(lo.adapters[k]);
     engine_model_free(model);
     return 0;
 }

@@ -11,6 +11,8 @@
  * The context is --ctx or the model's context_length: a prompt + -n beyond it
  * is an error, as an explicit max_tokens is for serve; the default -n is cut
  * to what is left (serve's rule for an absent max_tokens).
+ * --lora NAME=PATH runs the sequence under that adapter (--lora-name picks
+ * one when several are given; only the chosen one is loaded).
  */
 #define LOG_TAG "generate"
 #include <errno.h>
@@ -47,6 +49,9 @@ struct generate_opts {
     struct sampler_params sp;
     const char *stops[STOP_MAX_STRINGS];
     int32_t n_stops;
+    const char *lora_specs[16];    // --lora NAME=PATH as given
+    int32_t n_loras;
+    const char *lora_name;         // --lora-name, or NULL: the only --lora
 };
 
 static void generate_usage(FILE *fp) {
@@ -72,6 +77,9 @@ static void generate_usage(FILE *fp) {
             "      --seed S              RNG seed (default: random)\n"
             "      --stop TEXT           stop before this text (repeatable, up to %d)\n"
             "      --ignore-eos          do not stop at end-of-generation tokens\n"
+            "      --lora NAME=PATH      an adapter (PEFT dir, GGUF LoRA file, bottleneck dir);\n"
+            "                            repeatable, the sequence runs under --lora-name's\n"
+            "      --lora-name NAME      which --lora to use (default: the only one)\n"
             "  -t, --threads N           kernel threads (default: all cores)\n"
             "  -b, --batch N             prefill chunk in tokens (default 512)\n"
             "  -c, --ctx N               most tokens, prompt + generated (default: the model's\n"
@@ -213,7 +221,7 @@ int cmd_generate(int argc, char **argv) {
     enum {
         OPT_PROMPT_IDS = 256, OPT_KV_TYPE, OPT_IGNORE_EOS, OPT_LOG_LEVEL, OPT_CHAT, OPT_SYSTEM, OPT_TEMP,
         OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_REPEAT, OPT_PRESENCE, OPT_FREQUENCY, OPT_SEED,
-        OPT_STOP,
+        OPT_STOP, OPT_LORA, OPT_LORA_NAME,
     };
     static const struct option long_opts[] = {
         {"model", required_argument, NULL, 'm'},
@@ -231,6 +239,8 @@ int cmd_generate(int argc, char **argv) {
         {"frequency-penalty", required_argument, NULL, OPT_FREQUENCY},
         {"seed", required_argument, NULL, OPT_SEED},
         {"stop", required_argument, NULL, OPT_STOP},
+        {"lora", required_argument, NULL, OPT_LORA},
+        {"lora-name", required_argument, NULL, OPT_LORA_NAME},
         {"threads", required_argument, NULL, 't'},
         {"ctx", required_argument, NULL, 'c'},
         {"kv-type", required_argument, NULL, OPT_KV_TYPE},
@@ -284,6 +294,15 @@ int cmd_generate(int argc, char **argv) {
             }
             o.stops[o.n_stops++] = optarg;
             break;
+        case OPT_LORA:
+            if (o.n_loras == 16) {
+                fprintf(stderr, "generate: at most 16 --lora adapters\n");
+                return 2;
+            }
+            if (!strchr(optarg, '=') || optarg[0] == '=' || !strchr(optarg, '=')[1]) err = ERR_INVAL;
+            else o.lora_specs[o.n_loras++] = optarg;
+            break;
+        case OPT_LORA_NAME: o.lora_name = optarg; break;
         case 't': err = parse_i32(optarg, 1, 1024, &o.n_threads); break;
         case 'b': err = parse_i32(optarg, 1, 1 << 16, &o.batch); break;
         case OPT_IGNORE_EOS: o.ignore_eos = true; break;
@@ -315,6 +334,21 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "generate: --chat needs -p TEXT\n");
         return 2;
     }
+    // The adapter's path: --lora-name's entry, or the only --lora.
+    const char *lora_path = NULL;
+    for (int32_t i = 0; i < o.n_loras; i++) {
+        const char *eq = strchr(o.lora_specs[i], '=');
+        if (!o.lora_name ? o.n_loras == 1
+                         : strlen(o.lora_name) == (size_t)(eq - o.lora_specs[i]) &&
+                               strncmp(o.lora_name, o.lora_specs[i], strlen(o.lora_name)) == 0)
+            lora_path = eq + 1;
+    }
+    if ((o.n_loras > 1 || o.lora_name) && !lora_path) {
+        fprintf(stderr, o.lora_name ? "generate: --lora-name %s names no --lora\n"
+                                    : "generate: several --lora given: choose one with --lora-name\n",
+                o.lora_name);
+        return 2;
+    }
     const bool text_mode = o.prompt != NULL;
     if (!text_mode && !o.has_temp) o.sp.temperature = 0.0f;
     char msg[256];
@@ -342,6 +376,7 @@ int cmd_generate(int argc, char **argv) {
     int32_t *prompt = NULL;
     int32_t n_prompt = 0;
     struct engine_ctx *ctx = NULL;
+    struct engine_adapter *adapter = NULL;
     struct sampler *smp = NULL;
     struct sampler_scratch *sc = NULL;
     struct stop_matcher *stop = NULL;
@@ -401,6 +436,7 @@ int cmd_generate(int argc, char **argv) {
     cp.max_batch_tokens = o.batch < n_prompt ? o.batch : n_prompt;
     cp.n_blocks = n_need + 1;
     cp.kv_type = o.kv_type;
+    cp.max_adapters = lora_path ? 1 : 0;
     table = malloc((size_t)n_need * sizeof(int32_t));
     pos = malloc((size_t)cp.max_batch_tokens * sizeof(int32_t));
     seq_idx = calloc((size_t)cp.max_batch_tokens, sizeof(int32_t));
@@ -417,6 +453,22 @@ int cmd_generate(int argc, char **argv) {
     }
     err = engine_ctx_create(model, &cp, &ctx);
     if (err) goto done;
+    if (lora_path) {
+        int64_t t_lora0 = clock_mono_ns();
+        err = engine_adapter_load(model, lora_path, &adapter);
+        if (err) {
+            fprintf(stderr, "generate: cannot load the adapter %s: %s\n", lora_path, err_str(err));
+            err = 0;
+            goto done;
+        }
+        err = engine_ctx_set_adapter(ctx, 0, adapter);
+        if (err) goto done;
+        const struct engine_adapter_info *ai = engine_adapter_get_info(adapter);
+        LOG_INFO("adapter path=%s format=%s rank=%d scale=%g load_ms=%.1f", lora_path, ai->format,
+                 (int)ai->rank, (double)ai->scale, (double)(clock_mono_ns() - t_lora0) / 1e6);
+    }
+    // Every token runs in slot 0 (the adapter) or none: seq_idx is all zeros.
+    const int32_t *adapter_slots = adapter ? seq_idx : NULL;
     for (int32_t i = 0; i < n_need; i++) table[i] = i + 1;
     for (int32_t i = 0; i < n_prompt; i++) sampler_accept(smp, prompt[i], true);
     struct engine_seq seq = {.block_table = table, .n_blocks = n_need};
@@ -436,7 +488,8 @@ int cmd_generate(int argc, char **argv) {
             outf[i] = done_n + i == n_prompt - 1;
         }
         struct engine_batch b = {.n_tokens = n, .token = prompt + done_n, .pos = pos,
-                                 .seq = seq_idx, .output = outf, .n_seqs = 1, .seqs = &seq};
+                                 .seq = seq_idx, .adapter = adapter_slots, .output = outf,
+                                 .n_seqs = 1, .seqs = &seq};
         err = engine_forward(ctx, &b, &logits);
         if (err) goto done;
         done_n += n;
@@ -472,7 +525,8 @@ int cmd_generate(int argc, char **argv) {
         int8_t one = 1;
         int32_t zero = 0;
         struct engine_batch b = {.n_tokens = 1, .token = &next, .pos = &p, .seq = &zero,
-                                 .output = &one, .n_seqs = 1, .seqs = &seq};
+                                 .adapter = adapter ? &zero : NULL, .output = &one, .n_seqs = 1,
+                                 .seqs = &seq};
         err = engine_forward(ctx, &b, &logits);
         if (err) goto done;
     }
@@ -507,6 +561,7 @@ done:
     sampler_scratch_free(sc);
     sampler_free(smp);
     engine_ctx_free(ctx);
+    engine_adapter_release(adapter);
     free(table);
     free(pos);
     free(seq_idx);

@@ -28,6 +28,7 @@
 #include "server/auth.h"
 #include "server/cmd.h"
 #include "server/http.h"
+#include "server/lora_registry.h"
 #include "server/routes.h"
 
 static void log_model(const struct engine_model_info *info, const char *path) {
@@ -64,6 +65,7 @@ int cmd_serve(int argc, char **argv) {
     struct engine_model *model = NULL;
     struct scheduler *sched = NULL;
     struct auth *auth = NULL;
+    struct lora_registry *loras = NULL;
     struct http_server *http = NULL;
     int status = 1;
 
@@ -98,6 +100,7 @@ int cmd_serve(int argc, char **argv) {
     sp.max_queue = cfg.max_queue;
     sp.n_threads = cfg.n_threads;
     sp.n_ctx = cfg.n_ctx;
+    sp.max_loras = cfg.max_loras;
     err = engine_kv_type_parse(cfg.kv_type, &sp.kv_type);
     ASSERT(err == 0);  // config/ accepted only the engine's names
     err = scheduler_create(model, &sp, &sched);
@@ -145,6 +148,25 @@ int cmd_serve(int argc, char **argv) {
         auth = auth_create((const char *const *)cfg.api_keys, cfg.n_api_keys);
         app.auth = auth;
     }
+    // Adapters of --lora, loaded before the port opens: one that fails to load
+    // stops the server (the engine logged which file and tensor).
+    if (cfg.max_loras > 0) {
+        loras = lora_registry_create(model, app.om.name);
+        if (!loras) goto done;
+        for (int32_t i = 0; i < cfg.n_loras; i++) {
+            err = lora_registry_load(loras, cfg.lora_names[i], cfg.lora_paths[i], msg, sizeof(msg));
+            if (err) {
+                LOG_ERROR("--lora %s=%s: %s", cfg.lora_names[i], cfg.lora_paths[i], msg);
+                goto done;
+            }
+        }
+        app.loras = loras;
+        app.allow_runtime_lora = cfg.allow_runtime_lora;
+        LOG_INFO("adapters n=%d max_loras=%d runtime_updates=%s", (int)cfg.n_loras,
+                 (int)cfg.max_loras, !cfg.allow_runtime_lora ? "off"
+                                     : auth                  ? "on (API key)"
+                                                             : "on (no API key!)");
+    }
 
     struct http_params hp = http_default_params();
     hp.host = cfg.host;
@@ -172,6 +194,7 @@ int cmd_serve(int argc, char **argv) {
 done:
     http_stop(http);
     scheduler_free(sched);
+    lora_registry_destroy(loras);
     auth_destroy(auth);
     engine_model_free(model);
     if (status == 0) LOG_INFO("stopped");

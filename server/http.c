@@ -110,6 +110,7 @@ int http_status_for_err(int err) {
 const char *http_error_type(int status) {
     switch (status) {
     case 401: return "authentication_error";
+    case 403: return "permission_error";
     case 429: return "rate_limit_error";
     case 503: return "service_unavailable";
     case 504: return "timeout";

@@ -51,6 +51,18 @@ void metrics_format(struct buf *out, const struct scheduler_stats *st, const dou
     metric(out, "llmserve_sequences_finished_total", "counter", "Sequences finished.",
            st->n_finished);
     metric(out, "llmserve_steps_total", "counter", "Scheduler steps run.", st->n_steps);
+    metric(out, "llmserve_lora_slots", "gauge", "Adapter slots of the engine (--max-loras).",
+           st->n_lora_slots);
+    metric(out, "llmserve_lora_slots_used", "gauge", "Adapter slots holding an adapter.",
+           st->n_lora_resident);
+    metric(out, "llmserve_lora_slot_loads_total", "counter", "Adapters put into a slot.",
+           st->n_lora_loads);
+    metric(out, "llmserve_lora_slot_evictions_total", "counter",
+           "Slot loads that replaced an unused resident adapter (LRU).", st->n_lora_evictions);
+    metric(out, "llmserve_lora_slot_waits_total", "counter",
+           "Admissions put off because every adapter slot was in use.", st->n_lora_waits);
+    metric(out, "llmserve_lora_adapters", "gauge", "Adapters served by name.",
+           sv->n_lora_adapters);
     metric(out, "llmserve_http_requests_total", "counter", "HTTP requests answered.",
            sv->n_http_requests);
     metric(out, "llmserve_http_errors_total", "counter", "HTTP responses with status >= 400.",

@@ -45,6 +45,7 @@ void req_destroy(struct req *r) {
         free(c->lps);
     }
     free(r->choices);
+    engine_adapter_release(r->adapter);
     openai_request_deinit(&r->oa);
     buf_free(&r->body);
     buf_free(&r->out);
@@ -77,6 +78,7 @@ int req_submit(struct req *r, void (*wake)(void *), void *wake_user) {
         sr.ignore_eos = oa->ignore_eos;
         sr.skip_special = oa->skip_special;
         sr.n_logprobs = oa->n_logprobs;
+        sr.adapter = r->adapter;  // the scheduler retains it per sequence
         int err = scheduler_submit(r->sched, &sr, &c->seq_id, &c->ch);
         if (err) {
             c->ch = NULL;

@@ -70,7 +70,8 @@ struct req {
 
     struct scheduler *sched;            // borrowed
     const struct tokenizer *tok;        // borrowed
-    const char *model_name;             // borrowed
+    const char *model_name;             // borrowed: the base model's or r->oa.model
+    struct engine_adapter *adapter;     // owned reference; NULL: the base model
     struct openai_request oa;           // owned (zeroed until parsed)
     struct req_choice *choices;         // owned [n_choices]
     int32_t n_choices;

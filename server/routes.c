@@ -15,6 +15,7 @@
 #include "engine/base/err.h"
 #include "engine/base/log.h"
 #include "server/http.h"
+#include "server/lora_registry.h"
 #include "server/metrics.h"
 #include "server/req.h"
 
@@ -58,6 +59,7 @@ static enum route_result handle_metrics(const struct routes_ctx *ctx, struct req
     scheduler_get_stats(ctx->sched, &st);
     struct metrics_server sv;
     http_get_counters(ctx->http, &sv);
+    sv.n_lora_adapters = ctx->loras ? lora_registry_count(ctx->loras) : 0;
     struct buf b = {0};
     metrics_format(&b, &st, stats_bucket_ms, &sv);
     out->status = 200;
@@ -66,17 +68,40 @@ static enum route_result handle_metrics(const struct routes_ctx *ctx, struct req
     return ROUTE_RESULT_REPLY;
 }
 
+/* One /v1/models entry, in vLLM's shape: adapters name their base as parent
+ * and their path as root. */
+static json_t *model_json(const char *id, int64_t created, const char *root, const char *parent,
+                          int32_t n_ctx) {
+    json_t *m = json_object();
+    json_object_set_new(m, "id", json_string(id));
+    json_object_set_new(m, "object", json_string("model"));
+    json_object_set_new(m, "created", json_integer(created));
+    json_object_set_new(m, "owned_by", json_string("llmserve"));
+    json_object_set_new(m, "root", json_string(root));
+    json_object_set_new(m, "parent", parent ? json_string(parent) : json_null());
+    json_object_set_new(m, "max_model_len", json_integer(n_ctx));
+    return m;
+}
+
+struct models_list {
+    const struct routes_ctx *ctx;
+    json_t *data;
+};
+
+static void add_adapter_model(const struct lora_registry_entry *e, void *user) {
+    struct models_list *l = user;
+    json_array_append_new(l->data, model_json(e->name, e->created_s, e->path, l->ctx->om.name,
+                                              l->ctx->om.n_ctx));
+}
+
 static enum route_result handle_models(const struct routes_ctx *ctx, struct req *r,
                                        struct route_reply *out) {
     (void)r;
-    json_t *m = json_object();
-    json_object_set_new(m, "id", json_string(ctx->om.name));
-    json_object_set_new(m, "object", json_string("model"));
-    json_object_set_new(m, "created", json_integer(ctx->started_s));
-    json_object_set_new(m, "owned_by", json_string("llmserve"));
-    json_object_set_new(m, "max_model_len", json_integer(ctx->om.n_ctx));
     json_t *data = json_array();
-    json_array_append_new(data, m);
+    json_array_append_new(data, model_json(ctx->om.name, ctx->started_s, ctx->om.name, NULL,
+                                           ctx->om.n_ctx));
+    struct models_list l = {ctx, data};
+    if (ctx->loras) lora_registry_foreach(ctx->loras, add_adapter_model, &l);
     json_t *o = json_object();
     json_object_set_new(o, "object", json_string("list"));
     json_object_set_new(o, "data", data);
@@ -183,14 +208,21 @@ static enum route_result handle_generate(const struct routes_ctx *ctx, struct re
     struct openai_error e;
     int err = openai_parse(route, r->body.data ? r->body.data : "", r->body.len,
                            tokenizer_n_vocab(tok), &r->oa, &e);
-    if (!err) err = openai_prepare(&r->oa, &ctx->om, &e);
+    // "model" names the base model or a served adapter (vLLM's rule); an
+    // unknown name fails in openai_prepare() with 404 model_not_found.
+    struct openai_model om = ctx->om;
+    if (!err && r->oa.model && strcmp(r->oa.model, ctx->om.name) != 0 && ctx->loras) {
+        r->adapter = lora_registry_get(ctx->loras, r->oa.model);
+        if (r->adapter) om.name = r->oa.model;
+    }
+    if (!err) err = openai_prepare(&r->oa, &om, &e);
     if (err) {
         routes_error(out, http_status_for_err(e.err ? e.err : err), e.message, e.param, e.code);
         return ROUTE_RESULT_REPLY;
     }
     r->sched = ctx->sched;
     r->tok = tok;
-    r->model_name = ctx->om.name;
+    r->model_name = r->adapter ? r->oa.model : ctx->om.name;
     r->created = (int64_t)time(NULL);
     openai_make_id(route == OPENAI_ROUTE_CHAT ? "chatcmpl-" : "cmpl-", r->id, sizeof(r->id));
     err = req_submit(r, http_wake, r->slot);
@@ -285,6 +317,96 @@ void routes_final_reply(const struct routes_ctx *ctx, struct req *r, struct rout
     free(cs);
 }
 
+/* ---- adapters at run time ------------------------------------------------------ */
+
+/* The admin routes' gate: off unless the operator asked for it. */
+static bool runtime_lora_refused(const struct routes_ctx *ctx, struct route_reply *out) {
+    if (ctx->allow_runtime_lora && ctx->loras) return false;
+    routes_error(out, 403, "Loading and unloading adapters at run time is disabled: start the "
+                 "server with --allow-runtime-lora (and --api-key to guard it)", NULL,
+                 "runtime_lora_disabled");
+    return true;
+}
+
+/* A required non-empty string field of the body, or NULL with a 400 in out. */
+static const char *string_field(json_t *root, const char *key, struct route_reply *out) {
+    json_t *v = json_object_get(root, key);
+    if (json_is_string(v) && json_string_length(v) > 0 &&
+        strlen(json_string_value(v)) == json_string_length(v))
+        return json_string_value(v);
+    char msg[96];
+    snprintf(msg, sizeof(msg), "'%s' must be a non-empty string", key);
+    routes_error(out, 400, msg, key, NULL);
+    return NULL;
+}
+
+/* POST /v1/load_lora_adapter {"lora_name", "lora_path"}: loads on this (the
+ * HTTP) thread, never the step thread. */
+static enum route_result handle_load_lora(const struct routes_ctx *ctx, struct req *r,
+                                          struct route_reply *out) {
+    if (runtime_lora_refused(ctx, out)) return ROUTE_RESULT_REPLY;
+    json_t *root = parse_body(r, out);
+    if (!root) return ROUTE_RESULT_REPLY;
+    const char *name = string_field(root, "lora_name", out);
+    const char *path = name ? string_field(root, "lora_path", out) : NULL;
+    if (!path) {
+        json_decref(root);
+        return ROUTE_RESULT_REPLY;
+    }
+    char msg[512];
+    int err = lora_registry_load(ctx->loras, name, path, msg, sizeof(msg));
+    if (err == LORA_REGISTRY_EXISTS) {
+        routes_error(out, 409, msg, "lora_name", "lora_exists");
+    } else if (err == ERR_INVAL) {
+        routes_error(out, 400, msg, "lora_name", NULL);
+    } else if (err == ERR_NOMEM) {
+        routes_error(out, 500, msg, NULL, NULL);
+    } else if (err) {
+        // ERR_IO, ERR_FORMAT, ERR_UNSUPPORTED: the client's file is at fault.
+        routes_error(out, 400, msg, "lora_path", "lora_load_failed");
+    } else {
+        struct engine_adapter *a = lora_registry_get(ctx->loras, name);
+        json_t *o = json_object();
+        json_object_set_new(o, "object", json_string("lora_adapter"));
+        json_object_set_new(o, "id", json_string(name));
+        json_object_set_new(o, "root", json_string(path));
+        json_object_set_new(o, "parent", json_string(ctx->om.name));
+        if (a) {  // NULL only if unloaded again meanwhile
+            const struct engine_adapter_info *info = engine_adapter_get_info(a);
+            json_object_set_new(o, "format", json_string(info->format));
+            json_object_set_new(o, "rank", json_integer(info->rank));
+            engine_adapter_release(a);
+        }
+        reply_json(out, 200, o);
+    }
+    json_decref(root);
+    return ROUTE_RESULT_REPLY;
+}
+
+/* POST /v1/unload_lora_adapter {"lora_name"}: running requests keep theirs. */
+static enum route_result handle_unload_lora(const struct routes_ctx *ctx, struct req *r,
+                                            struct route_reply *out) {
+    if (runtime_lora_refused(ctx, out)) return ROUTE_RESULT_REPLY;
+    json_t *root = parse_body(r, out);
+    if (!root) return ROUTE_RESULT_REPLY;
+    const char *name = string_field(root, "lora_name", out);
+    if (name) {
+        if (lora_registry_unload(ctx->loras, name) == 0) {
+            json_t *o = json_object();
+            json_object_set_new(o, "object", json_string("lora_adapter"));
+            json_object_set_new(o, "id", json_string(name));
+            json_object_set_new(o, "deleted", json_true());
+            reply_json(out, 200, o);
+        } else {
+            char msg[256];
+            snprintf(msg, sizeof(msg), "No adapter named '%.128s' is loaded", name);
+            routes_error(out, 404, msg, "lora_name", "lora_not_found");
+        }
+    }
+    json_decref(root);
+    return ROUTE_RESULT_REPLY;
+}
+
 /* ---- the table -------------------------------------------------------------- */
 
 static const struct route route_table[] = {
@@ -295,6 +417,8 @@ static const struct route route_table[] = {
     {"POST", "/v1/chat/completions", handle_chat, ROUTE_FLAG_AUTH | ROUTE_FLAG_BODY},
     {"POST", "/tokenize", handle_tokenize, ROUTE_FLAG_AUTH | ROUTE_FLAG_BODY},
     {"POST", "/detokenize", handle_detokenize, ROUTE_FLAG_AUTH | ROUTE_FLAG_BODY},
+    {"POST", "/v1/load_lora_adapter", handle_load_lora, ROUTE_FLAG_AUTH | ROUTE_FLAG_BODY},
+    {"POST", "/v1/unload_lora_adapter", handle_unload_lora, ROUTE_FLAG_AUTH | ROUTE_FLAG_BODY},
 };
 
 const struct route *routes_find(const char *method, const char *path, bool *out_path_known) {

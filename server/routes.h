@@ -1,7 +1,9 @@
 /*
  * server/routes.h - the static route table (method, path, handler, flags)
  * and the handlers: /health, /metrics, /v1/models, /tokenize, /detokenize,
- * /v1/completions, /v1/chat/completions.
+ * /v1/completions, /v1/chat/completions, /v1/load_lora_adapter and
+ * /v1/unload_lora_adapter (the adapter admin routes: refused with 403 unless
+ * allow_runtime_lora, and behind the API key when keys are configured).
  *
  * Handlers parse, validate and submit; they never block. A handler either
  * fills a reply at once, or submits sequences and asks http.c to wait for
@@ -19,6 +21,7 @@
 
 struct auth;
 struct http_server;
+struct lora_registry;
 struct req;
 
 /* What the handlers need; borrowed for the server's life. */
@@ -27,6 +30,8 @@ struct routes_ctx {
     const struct engine_model *model;
     struct openai_model om;     // served name, context, chat family
     const struct auth *auth;
+    struct lora_registry *loras;  // served adapters ("model": NAME); NULL: none
+    bool allow_runtime_lora;    // POST /v1/load_lora_adapter and /v1/unload_lora_adapter
     struct http_server *http;   // set by http_start()
     int64_t started_s;          // Unix time the model was loaded
 };

@@ -109,6 +109,42 @@ static void test_generate_synthetic_model_prints_n_ids(void **state) {
     assert_int_equal(count, 12);
 }
 
+/* `generate --lora`: the greedy ids of the adapter merged into the weights
+ * by the numpy reference (scripts/reference --lora ... --greedy), for a PEFT
+ * adapter (llama: q/k rows permuted) and a bottleneck adapter chosen among
+ * several with --lora-name; an adapter that does not load is an error. */
+static void test_generate_lora_matches_reference_greedy(void **state) {
+    (void)state;
+    const char *models = testutil_path(testutil_build_dir(), "tests/models");
+    const char *names[2] = {"llama-peft", "llama-bn"};
+    for (int k = 0; k < 2; k++) {
+        char cmd[16384], want[4096], got[4096];
+        snprintf(cmd, sizeof(cmd),
+                 "/usr/bin/python3 %s/scripts/reference --model %s/llama-f32.gguf --tokens "
+                 "1,5,6,7,8 --lora %s/%s --greedy 16",
+                 testutil_source_dir(), models, models, names[k]);
+        assert_int_equal(run(cmd, want, sizeof(want)), 0);
+        snprintf(cmd, sizeof(cmd),
+                 "%s generate -m %s/llama-f32.gguf --prompt-ids 1,5,6,7,8 -n 16 --ignore-eos "
+                 "--lora x=%s/llama-gguf-f16.gguf --lora y=%s/%s --lora-name y 2>/dev/null",
+                 bin(), models, models, models, names[k]);
+        assert_int_equal(run(cmd, got, sizeof(got)), 0);
+        // stdout is the ids on one line; the reference prints them the same way
+        if (strcmp(got, want) != 0) fail_msg("%s: got '%s', want '%s'", names[k], got, want);
+    }
+    char cmd[16384], out[4096];
+    snprintf(cmd, sizeof(cmd),
+             "%s generate -m %s/llama-f32.gguf --prompt-ids 1,5 -n 2 --lora x=/nonexistent "
+             "2>&1", bin(), models);
+    assert_true(run(cmd, out, sizeof(out)) != 0);
+    assert_non_null(strstr(out, "/nonexistent"));
+    snprintf(cmd, sizeof(cmd),
+             "%s generate -m %s/llama-f32.gguf --prompt-ids 1,5 -n 2 --lora x=%s/llama-bn "
+             "--lora y=%s/llama-peft 2>&1", bin(), models, models, models);
+    assert_int_equal(run(cmd, out, sizeof(out)), 2);  // several: --lora-name needed
+    assert_non_null(strstr(out, "--lora-name"));
+}
+
 /* Section B again, through the tokenizer: the continuation text of the prompt. */
 static void test_generate_stories260k_text_prompt(void **state) {
     (void)state;
@@ -286,6 +322,7 @@ static void test_batch_ctx_limit_and_kv_type(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_generate_stories260k_prints_reference_ids),
+        cmocka_unit_test(test_generate_lora_matches_reference_greedy),
         cmocka_unit_test(test_generate_stories260k_continues_prompt_ids),
         cmocka_unit_test(test_generate_rejects_bad_input),
         cmocka_unit_test(test_generate_synthetic_model_prints_n_ids),
