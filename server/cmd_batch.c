@@ -8,8 +8,10 @@
  *           {"index", "text", "token_ids", "finish_reason", "ttft_ms"}
  *           (finish_reason "stop" / "length"; ttft_ms from submit to first token),
  *           or {"index", "error"} for a line that could not be run.
- *   stderr: one summary line "batch: requests=N generated=N wall_s=S tok_s=T
- *           prompt_tokens=N prefix_hit_tokens=N preemptions=N".
+ *   stderr: one summary line "batch: requests=N generated=N wall_s=S tok_s=T decode_tok_s=D
+ *           prompt_tokens=N prefix_hit_tokens=N preemptions=N ..."; tok_s counts every
+ *           generated token over the whole run, decode_tok_s the tokens after each
+ *           request's first over the time after the last request got its first.
  * A line's "model" names an adapter given with --lora NAME=PATH (absent or
  * the model's own name: the base model; anything else: an error line).
  * Requests are submitted --arrival-ms apart (0: all at once). The step loop
@@ -393,6 +395,8 @@ int cmd_batch(int argc, char **argv) {
     bool *done = xcalloc((size_t)n_lines + 1, sizeof(*done));
     int64_t t0 = clock_mono_ns();
     int64_t i_next = 0;  // next line to submit
+    int64_t t_last_first_ns = t0;  // when the last request got its first token
+    int64_t n_first = 0;           // requests that got a first token
     int64_t n_left = n_lines;
     while (n_left > 0) {
         int64_t now = clock_mono_ns();
@@ -434,15 +438,21 @@ int cmd_batch(int argc, char **argv) {
         for (int64_t i = 0; i < i_next; i++) {
             if (done[i] || !lines[i].channel) continue;
             bool is_done = drain_channel(lines[i].channel, &acc[i]);
-            if (lines[i].ttft_ms < 0 && acc[i].n_tokens > 0)
-                lines[i].ttft_ms = (double)(clock_mono_ns() - lines[i].t_submit_ns) / 1e6;
+            if (lines[i].ttft_ms < 0 && acc[i].n_tokens > 0) {
+                const int64_t t_now = clock_mono_ns();
+                lines[i].ttft_ms = (double)(t_now - lines[i].t_submit_ns) / 1e6;
+                t_last_first_ns = t_now;  // the decode-only window starts after the last first token
+                n_first++;
+            }
             if (is_done) {
                 done[i] = true;
                 n_left--;
             }
         }
     }
-    double wall_s = (double)(clock_mono_ns() - t0) / 1e9;
+    const int64_t t_end_ns = clock_mono_ns();
+    double wall_s = (double)(t_end_ns - t0) / 1e9;
+    double decode_s = (double)(t_end_ns - t_last_first_ns) / 1e9;
     struct scheduler_stats st;
     scheduler_stop(s, 0);
     scheduler_get_stats(s, &st);
@@ -456,11 +466,12 @@ int cmd_batch(int argc, char **argv) {
     }
     fflush(stdout);
     fprintf(stderr,
-            "batch: requests=%lld generated=%lld wall_s=%.3f tok_s=%.1f prompt_tokens=%lld "
-            "prefix_hit_tokens=%lld preemptions=%lld steps=%lld lora_loads=%lld "
-            "lora_evictions=%lld lora_waits=%lld\n",
+            "batch: requests=%lld generated=%lld wall_s=%.3f tok_s=%.1f decode_tok_s=%.1f "
+            "prompt_tokens=%lld prefix_hit_tokens=%lld preemptions=%lld steps=%lld "
+            "lora_loads=%lld lora_evictions=%lld lora_waits=%lld\n",
             (long long)n_lines, (long long)st.n_generated_tokens, wall_s,
             wall_s > 0 ? (double)st.n_generated_tokens / wall_s : 0.0,
+            decode_s > 0 ? (double)(st.n_generated_tokens - n_first) / decode_s : 0.0,
             (long long)st.n_prompt_tokens, (long long)st.n_prefix_hit_tokens,
             (long long)st.n_preemptions, (long long)st.n_steps, (long long)st.n_lora_loads,
             (long long)st.n_lora_evictions, (long long)st.n_lora_waits);
