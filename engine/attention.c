@@ -13,7 +13,9 @@
  * K tiles are stored transposed ([head_dim][block_size], engine/kv.h) so the
  * scores of a block come from vector FMAs with no horizontal sums. The walk is
  * the same for every KV type: the kernels (kern_attn, one table per type)
- * read f16 and q8_0 tiles as they are, converting in registers.
+ * read f16 and q8_0 tiles as they are, converting in registers. Where the
+ * table has a fused step (AVX-512), one call per block does the scores,
+ * softmax update and P.V of all the item's rows; else the pieces below.
  */
 #include "engine/attention.h"
 
@@ -26,8 +28,12 @@
 size_t attention_scratch_floats(int32_t n_head, int32_t n_head_kv, int32_t head_dim,
                                 int32_t block_size) {
     size_t rows = (size_t)ATTENTION_TILE * (size_t)(n_head / n_head_kv);
-    // scores [rows][bs] + p [bs] + acc [rows][hd] + m, l [rows]
-    return rows * (size_t)block_size + (size_t)block_size + rows * (size_t)head_dim + 2 * rows;
+    // scores [rows][bs] (at least a fused step's [KERN_ATTN_ROWS][KERN_ATTN_RUN * bs])
+    // + p [bs] + acc [rows][hd] + m, l [rows]
+    size_t s_floats = rows * (size_t)block_size;
+    const size_t step_floats = (size_t)KERN_ATTN_ROWS * KERN_ATTN_RUN * (size_t)block_size;
+    s_floats = s_floats > step_floats ? s_floats : step_floats;
+    return s_floats + (size_t)block_size + rows * (size_t)head_dim + 2 * rows;
 }
 
 int32_t attention_tiles(const struct engine_batch *b, struct attention_tile *tiles) {
@@ -40,6 +46,34 @@ int32_t attention_tiles(const struct engine_batch *b, struct attention_tile *til
         }
         tiles[n++] = (struct attention_tile){.t0 = t, .n = len};
         t += len;
+    }
+    return n;
+}
+
+/* The KV block holding the sequence's keys bi * bs .. bi * bs + bs - 1. */
+static int32_t block_of(const struct kv_store *kv, const struct engine_seq *sq, int32_t bi) {
+    ASSERT(bi < sq->n_blocks);
+    const int32_t block = sq->block_table[bi];
+    ASSERT(block > 0 && block < kv->n_blocks);
+    return block;
+}
+
+/* The K and V tiles of kv head g for blocks b0 .. min(b0 + KERN_ATTN_RUN - 1,
+ * b_last) of the sequence into kv_tiles[0][], kv_tiles[1][]; NULL for blocks
+ * before b_first, which no row reads (they may have been freed: sliding
+ * window). Returns how many blocks (0 when b0 > b_last). */
+static int32_t run_tiles(const struct kv_store *kv, const struct engine_seq *sq, int32_t layer,
+                         int32_t g, int32_t b0, int32_t b_first, int32_t b_last,
+                         const void *kv_tiles[2][KERN_ATTN_RUN]) {
+    int32_t n = 0;
+    for (; n < KERN_ATTN_RUN && b0 + n <= b_last; n++) {
+        if (b0 + n < b_first) {
+            kv_tiles[0][n] = kv_tiles[1][n] = NULL;
+            continue;
+        }
+        const int32_t block = block_of(kv, sq, b0 + n);
+        kv_tiles[0][n] = kv_k_tile(kv, layer, block, g);
+        kv_tiles[1][n] = kv_v_tile(kv, layer, block, g);
     }
     return n;
 }
@@ -58,8 +92,11 @@ static void attention_items(void *arg, int64_t begin, int64_t end, int32_t ith, 
     const int32_t n_rep = a->n_head / n_head_kv;
     const int32_t max_rows = ATTENTION_TILE * n_rep;
 
-    float *S = a->scratch + (size_t)ith * a->scratch_floats;  // [max_rows][bs]
-    float *P = S + (size_t)max_rows * bs;                      // [bs]
+    const size_t s_floats = (size_t)max_rows * bs > (size_t)KERN_ATTN_ROWS * KERN_ATTN_RUN * bs
+                                ? (size_t)max_rows * bs
+                                : (size_t)KERN_ATTN_ROWS * KERN_ATTN_RUN * bs;
+    float *S = a->scratch + (size_t)ith * a->scratch_floats;  // [max_rows][bs], or a step's
+    float *P = S + s_floats;                                   // [bs]
     float *acc = P + bs;                                       // [max_rows][hd]
     float *m = acc + (size_t)max_rows * hd;                    // [max_rows]
     float *l = m + max_rows;                                   // [max_rows]
@@ -93,10 +130,31 @@ static void attention_items(void *arg, int64_t begin, int64_t end, int32_t ith, 
 
         const int32_t first = row_lo[0];              // smallest lo of the tile
         const int32_t last = row_hi[n_rows - 1];      // largest hi of the tile
-        for (int32_t bi = first / bs; bi <= last / bs; bi++) {
-            ASSERT(bi < sq->n_blocks);
-            const int32_t block = sq->block_table[bi];
-            ASSERT(block > 0 && block < kv->n_blocks);
+        if (kern->step) {
+            // The fused kernel: all rows over runs of up to KERN_ATTN_RUN blocks
+            // that start at multiples of KERN_ATTN_RUN (whatever the rows, so the
+            // kernel's units, and a row's bits, do not depend on the batch),
+            // told the tiles of the following run so it can prefetch them.
+            const void *tiles[2][2][KERN_ATTN_RUN];  // [run parity][K, V][block of the run]
+            const int32_t b_first = first / bs, b_last = last / bs;
+            int32_t bi = b_first / KERN_ATTN_RUN * KERN_ATTN_RUN;
+            int32_t nb = run_tiles(kv, sq, a->layer, g, bi, b_first, b_last, tiles[0]);
+            for (int32_t i = 0; bi <= b_last; bi += KERN_ATTN_RUN, i ^= 1) {
+                const int32_t n_next = run_tiles(kv, sq, a->layer, g, bi + KERN_ATTN_RUN, b_first,
+                                                 b_last, tiles[i ^ 1]);
+                struct kern_attn_step st = {
+                    .q = qrow, .lo = row_lo, .hi = row_hi, .n_rows = n_rows, .pos0 = bi * bs,
+                    .n_blocks = nb, .hd = hd, .bs = bs, .scale = a->scale,
+                    .kt = tiles[i][0], .vt = tiles[i][1],
+                    .kt_next = tiles[i ^ 1][0], .vt_next = tiles[i ^ 1][1], .n_next = n_next,
+                    .tile_bytes = kv->tile_bytes, .m = m, .l = l, .acc = acc, .scratch = S,
+                };
+                kern->step(&st);
+                nb = n_next;
+            }
+        }
+        for (int32_t bi = first / bs; !kern->step && bi <= last / bs; bi++) {
+            const int32_t block = block_of(kv, sq, bi);
             const int32_t base = bi * bs;
             const void *kt = kv_k_tile(kv, a->layer, block, g);  // [hd][bs] of kv->type
             const void *vt = kv_v_tile(kv, a->layer, block, g);  // [bs][hd] of kv->type

@@ -170,7 +170,7 @@ int engine_ctx_create(const struct engine_model *m, const struct engine_ctx_para
         if (!err) err = adapter_batch_init(&ctx->ab, prm.max_batch_tokens, out_floats);
     }
     // Attention follows the kernels' choice: portable when they were forced portable.
-    ctx->attn_kern = kern_attn_select(prm.kv_type, kern_get()->dot_f32 == kern_ref_dot_f32);
+    ctx->attn_kern = kern_attn_select(prm.kv_type, kern_get()->isa_quant);
     if (err) {
         LOG_ERROR("%s: cannot allocate scratch for %d tokens and %d outputs", __func__,
                   prm.max_batch_tokens, prm.max_outputs);

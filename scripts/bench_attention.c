@@ -46,7 +46,8 @@ static double run(struct threadpool *pool, const struct kv_store *kv, int32_t *t
     struct attention_args a = {
         .kv = kv, .layer = 0, .batch = &b, .tiles = tiles, .n_tiles = attention_tiles(&b, tiles),
         .q = q, .out = out, .n_head = n_head, .window = 0, .scale = 1.0f / sqrtf((float)hd),
-        .kern = kern_attn_select(kv->type, false), .scratch = scratch, .scratch_floats = sf,
+        .kern = kern_attn_select(kv->type, KERN_ISA_VNNI), .scratch = scratch,
+        .scratch_floats = sf,
     };
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
@@ -103,7 +104,7 @@ int main(int argc, char **argv) {
     int32_t *table = malloc((size_t)(max_ctx / bs) * sizeof(int32_t));
     for (int32_t i = 0; i < max_ctx / bs; i++) table[i] = i + 1;
     printf("one layer, head_dim %d, %d heads, %d kv heads, block %d, %d threads, isa %s\n\n", hd,
-           n_head, n_head_kv, bs, n_threads, kern_attn_select(types[0], false)->isa);
+           n_head, n_head_kv, bs, n_threads, kern_attn_select(types[0], KERN_ISA_VNNI)->isa);
     printf("KV bytes per token of this layer (K + V, all kv heads):");
     for (int t = 0; t < n_types; t++) {
         printf(" %s %zu", engine_kv_type_name(types[t]),

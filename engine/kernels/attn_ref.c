@@ -1,8 +1,9 @@
 /*
  * attn_ref.c - portable attention kernels for every KV type (the oracle of
- * attn_avx2.c) and the selection of a table. Same arithmetic order as the
- * layouts suggest: q8_0 sums q . k over each group of 32 dims in the int8
- * domain's float image, then scales the group's partial sum once.
+ * attn_avx2.c and attn_avx512.c) and the selection of a table. Same
+ * arithmetic order as the layouts suggest: q8_0 sums q . k over each group of
+ * 32 dims in the int8 domain's float image, then scales the group's partial
+ * sum once.
  */
 #include <math.h>
 
@@ -109,28 +110,39 @@ void kern_attn_ref_pv_q8_0(float *acc, float corr, const float *p, const void *v
 
 static const struct kern_attn attn_ref[ENGINE_KV_TYPE_COUNT] = {
     [ENGINE_KV_TYPE_F32] = {"portable", ENGINE_KV_TYPE_F32, kern_attn_ref_scores_f32,
-                            kern_attn_ref_exp_sum, kern_attn_ref_pv_f32},
+                            kern_attn_ref_exp_sum, kern_attn_ref_pv_f32, NULL},
     [ENGINE_KV_TYPE_F16] = {"portable", ENGINE_KV_TYPE_F16, kern_attn_ref_scores_f16,
-                            kern_attn_ref_exp_sum, kern_attn_ref_pv_f16},
+                            kern_attn_ref_exp_sum, kern_attn_ref_pv_f16, NULL},
     [ENGINE_KV_TYPE_Q8_0] = {"portable", ENGINE_KV_TYPE_Q8_0, kern_attn_ref_scores_q8_0,
-                             kern_attn_ref_exp_sum, kern_attn_ref_pv_q8_0},
+                             kern_attn_ref_exp_sum, kern_attn_ref_pv_q8_0, NULL},
 };
 
 static const struct kern_attn attn_avx2[ENGINE_KV_TYPE_COUNT] = {
     [ENGINE_KV_TYPE_F32] = {"avx2", ENGINE_KV_TYPE_F32, kern_attn_avx2_scores_f32,
-                            kern_attn_avx2_exp_sum, kern_attn_avx2_pv_f32},
+                            kern_attn_avx2_exp_sum, kern_attn_avx2_pv_f32, NULL},
     [ENGINE_KV_TYPE_F16] = {"avx2", ENGINE_KV_TYPE_F16, kern_attn_avx2_scores_f16,
-                            kern_attn_avx2_exp_sum, kern_attn_avx2_pv_f16},
+                            kern_attn_avx2_exp_sum, kern_attn_avx2_pv_f16, NULL},
     [ENGINE_KV_TYPE_Q8_0] = {"avx2", ENGINE_KV_TYPE_Q8_0, kern_attn_avx2_scores_q8_0,
-                             kern_attn_avx2_exp_sum, kern_attn_avx2_pv_q8_0},
+                             kern_attn_avx2_exp_sum, kern_attn_avx2_pv_q8_0, NULL},
 };
 
-const struct kern_attn *kern_attn_select(enum engine_kv_type kv_type, bool force_portable) {
+static const struct kern_attn attn_avx512[ENGINE_KV_TYPE_COUNT] = {
+    [ENGINE_KV_TYPE_F32] = {"avx512", ENGINE_KV_TYPE_F32, kern_attn_avx512_scores_f32,
+                            kern_attn_avx512_exp_sum, kern_attn_avx512_pv_f32,
+                            kern_attn_avx512_step_f32},
+    [ENGINE_KV_TYPE_F16] = {"avx512", ENGINE_KV_TYPE_F16, kern_attn_avx512_scores_f16,
+                            kern_attn_avx512_exp_sum, kern_attn_avx512_pv_f16,
+                            kern_attn_avx512_step_f16},
+    [ENGINE_KV_TYPE_Q8_0] = {"avx512", ENGINE_KV_TYPE_Q8_0, kern_attn_avx512_scores_q8_0,
+                             kern_attn_avx512_exp_sum, kern_attn_avx512_pv_q8_0,
+                             kern_attn_avx512_step_q8_0},
+};
+
+const struct kern_attn *kern_attn_select(enum engine_kv_type kv_type, enum kern_isa max_isa) {
     ASSERT(kv_type >= 0 && kv_type < ENGINE_KV_TYPE_COUNT);
-    __builtin_cpu_init();
-    if (!force_portable && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c")) {
-        return &attn_avx2[kv_type];
-    }
+    const enum kern_isa cpu = kern_isa_detect();
+    const enum kern_isa isa = max_isa < cpu ? max_isa : cpu;
+    if (isa >= KERN_ISA_AVX512) return &attn_avx512[kv_type];
+    if (isa >= KERN_ISA_AVX2) return &attn_avx2[kv_type];
     return &attn_ref[kv_type];
 }

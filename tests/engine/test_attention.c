@@ -3,12 +3,15 @@
  * softmax(q K^T * scale) V, for random shapes: head dims 8/64/80/128, GQA
  * ratios 1/4/8, contexts up to 8192, block sizes that put block boundaries at
  * every offset, sliding windows, prefill tiles and decode rows, shuffled block
- * tables; for every KV type (f32, f16, q8_0), with the SIMD and the portable
- * kernels. Tolerances (check_shape): 2e-5 against the values as stored, for
- * every type; against the exact values, the bound derived from each type's
- * rounding error (f16: 2^-11 relative; q8_0: max|group| / 254 per value).
+ * tables; for every KV type (f32, f16, q8_0), with the portable kernels and
+ * every SIMD level the CPU has (AVX2, AVX-512). Tolerances (check_shape):
+ * 2e-5 against the values as stored, for every type; against the exact
+ * values, the bound derived from each type's rounding error (f16: 2^-11
+ * relative; q8_0: max|group| / 254 per value). The SIMD pieces and the fused
+ * AVX-512 step are also checked against the portable pieces directly.
  */
 #include <math.h>
+#include <stdbool.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -95,7 +98,7 @@ static void naive(const float *qh, const float *K, const float *V, int32_t n_kv,
  *       (e^(2 delta) - 1) / 2 * range_j v~[j][d]  +  max_j ev[j][d]
  *     (ev the V rounding error); plus F32_TOL. For f32 the bound is F32_TOL. */
 static void check_shape(struct threadpool *pool, const struct shape *sh,
-                        enum engine_kv_type type, bool portable) {
+                        enum engine_kv_type type, enum kern_isa isa) {
     const int32_t hd = sh->head_dim;
     const int32_t n_kv = sh->n_head_kv;
     const int32_t n_head = n_kv * sh->n_rep;
@@ -162,7 +165,7 @@ static void check_shape(struct threadpool *pool, const struct shape *sh,
     struct attention_args a = {
         .kv = &kv, .layer = 0, .batch = &b, .tiles = tiles, .n_tiles = attention_tiles(&b, tiles),
         .q = q, .out = out, .n_head = n_head, .window = sh->window, .scale = scale,
-        .kern = kern_attn_select(type, portable), .scratch = scratch, .scratch_floats = sf,
+        .kern = kern_attn_select(type, isa), .scratch = scratch, .scratch_floats = sf,
     };
     attention_run(pool, &a);
 
@@ -199,7 +202,7 @@ static void check_shape(struct threadpool *pool, const struct shape *sh,
                     fail_msg("%s hd=%d kv=%d rep=%d bs=%d ctx=%d window=%d %s: query %d head %d "
                              "dim %d: %g vs %g as stored, %g exact (bound %g)",
                              engine_kv_type_name(type), hd, n_kv, sh->n_rep, bs, sh->ctx,
-                             sh->window, portable ? "portable" : a.kern->isa, i, h, d,
+                             sh->window, a.kern->isa, i, h, d,
                              (double)oh[d], o_stored[d], o_exact[d], bound);
                 }
             }
@@ -226,23 +229,38 @@ static void check_shape(struct threadpool *pool, const struct shape *sh,
     kv_free(&kv);
 }
 
+/* The instruction-set levels whose attention tables this CPU can run, lowest
+ * first (portable always); returns how many. */
+static int32_t isa_levels(enum kern_isa out[3]) {
+    const enum kern_isa cpu = kern_isa_detect();
+    int32_t n = 0;
+    out[n++] = KERN_ISA_PORTABLE;
+    if (cpu >= KERN_ISA_AVX2) out[n++] = KERN_ISA_AVX2;
+    if (cpu >= KERN_ISA_AVX512) out[n++] = KERN_ISA_AVX512;
+    return n;
+}
+
 static void test_attention_matches_naive_softmax(void **state) {
     (void)state;
     struct threadpool *pool = threadpool_create(2);
     const int32_t dims[] = {8, 64, 80, 128};
     const int32_t reps[] = {1, 4, 8};
+    enum kern_isa isas[3];
+    const int32_t n_isas = isa_levels(isas);
     for (int type = 0; type < ENGINE_KV_TYPE_COUNT; type++) {
-        for (int portable = 0; portable < 2; portable++) {
+        for (int32_t ii = 0; ii < n_isas; ii++) {
             for (size_t di = 0; di < 4; di++) {
                 for (size_t ri = 0; ri < 3; ri++) {
                     // Contexts 1..~70 with prefill runs crossing block edges, odd block sizes.
                     for (int32_t ctx = 1; ctx <= 70; ctx += 23) {
                         struct shape sh = {dims[di], 2, reps[ri], 16, ctx, 0, ctx < 13 ? ctx : 13};
-                        check_shape(pool, &sh, (enum engine_kv_type)type, portable);
+                        check_shape(pool, &sh, (enum engine_kv_type)type, isas[ii]);
                         sh.block_size = 5;
-                        check_shape(pool, &sh, (enum engine_kv_type)type, portable);
+                        check_shape(pool, &sh, (enum engine_kv_type)type, isas[ii]);
                         sh.window = 7;
-                        check_shape(pool, &sh, (enum engine_kv_type)type, portable);
+                        check_shape(pool, &sh, (enum engine_kv_type)type, isas[ii]);
+                        sh.block_size = 20;  // 16-key chunks that straddle the block
+                        check_shape(pool, &sh, (enum engine_kv_type)type, isas[ii]);
                     }
                 }
             }
@@ -254,15 +272,19 @@ static void test_attention_matches_naive_softmax(void **state) {
 static void test_attention_every_block_offset(void **state) {
     (void)state;
     struct threadpool *pool = threadpool_create(2);
+    enum kern_isa isas[3];
+    const int32_t n_isas = isa_levels(isas);
     // Decode rows and short runs ending at every offset inside a block.
     for (int type = 0; type < ENGINE_KV_TYPE_COUNT; type++) {
-        for (int32_t ctx = 1; ctx <= 40; ctx++) {
-            struct shape sh = {16, 1, 2, 8, ctx, 0, 1 + ctx % 9};
-            check_shape(pool, &sh, (enum engine_kv_type)type, false);
-            sh.window = 3 + ctx % 5;
-            check_shape(pool, &sh, (enum engine_kv_type)type, true);
-            struct shape wide = {80, 1, 1, 16, ctx + 16, ctx % 3 ? 0 : 11, 1 + ctx % 4};
-            check_shape(pool, &wide, (enum engine_kv_type)type, false);
+        for (int32_t ii = 0; ii < n_isas; ii++) {
+            for (int32_t ctx = 1; ctx <= 40; ctx++) {
+                struct shape sh = {16, 1, 2, 8, ctx, 0, 1 + ctx % 9};
+                check_shape(pool, &sh, (enum engine_kv_type)type, isas[ii]);
+                sh.window = 3 + ctx % 5;
+                check_shape(pool, &sh, (enum engine_kv_type)type, isas[ii]);
+                struct shape wide = {80, 1, 1, 16, ctx + 16, ctx % 3 ? 0 : 11, 1 + ctx % 4};
+                check_shape(pool, &wide, (enum engine_kv_type)type, isas[ii]);
+            }
         }
     }
     threadpool_free(pool);
@@ -271,71 +293,243 @@ static void test_attention_every_block_offset(void **state) {
 static void test_attention_long_context(void **state) {
     (void)state;
     struct threadpool *pool = threadpool_create(2);
+    enum kern_isa isas[3];
+    const int32_t n_isas = isa_levels(isas);
     for (int type = 0; type < ENGINE_KV_TYPE_COUNT; type++) {
-        struct shape sh = {128, 1, 8, 16, 8192, 0, 3};
-        check_shape(pool, &sh, (enum engine_kv_type)type, false);
-        struct shape sw = {64, 2, 4, 16, 4100, 1000, 9};
-        check_shape(pool, &sw, (enum engine_kv_type)type, false);
+        // The fastest path the CPU has, and the one below it.
+        for (int32_t ii = n_isas > 1 ? n_isas - 2 : 0; ii < n_isas; ii++) {
+            struct shape sh = {128, 1, 8, 16, 8192, 0, 3};
+            check_shape(pool, &sh, (enum engine_kv_type)type, isas[ii]);
+            struct shape sw = {64, 2, 4, 16, 4100, 1000, 9};
+            check_shape(pool, &sw, (enum engine_kv_type)type, isas[ii]);
+        }
     }
     threadpool_free(pool);
 }
 
-/* The SIMD kernels of every KV type against the portable ones on the same
- * tiles: scores of 1..4 rows and P.V over every start and length in a block. */
+/* The SIMD kernels of every KV type and level against the portable ones on
+ * the same tiles: scores of 1..4 rows, exponentials of 1..40 scores (some
+ * -inf) and P.V over every start and length in a block. */
 static void test_attention_kernels_match_portable(void **state) {
     (void)state;
     const int32_t dims[] = {8, 64, 80, 128};
     const int32_t sizes[] = {5, 16, 32};
+    enum kern_isa isas[3];
+    const int32_t n_isas = isa_levels(isas);
+    if (n_isas == 1) skip();  // no SIMD level on this CPU
     for (int type = 0; type < ENGINE_KV_TYPE_COUNT; type++) {
-        const struct kern_attn *ref = kern_attn_select((enum engine_kv_type)type, true);
-        const struct kern_attn *simd = kern_attn_select((enum engine_kv_type)type, false);
-        if (simd == ref) skip();
-        for (size_t di = 0; di < 4; di++) {
-            for (size_t si = 0; si < 3; si++) {
-                const int32_t hd = dims[di], bs = sizes[si];
-                struct kv_store kv;
-                assert_int_equal(kv_init(&kv, (enum engine_kv_type)type, 1, 2, bs, 1, hd), 0);
-                float *k = malloc((size_t)hd * sizeof(float));
-                float *v = malloc((size_t)hd * sizeof(float));
-                for (int32_t j = 0; j < bs; j++) {
-                    for (int32_t d = 0; d < hd; d++) {
-                        k[d] = frand() * 3.0f;
-                        v[d] = frand();
-                    }
-                    kv_write_token(&kv, 0, 1, j, k, v);
+        const struct kern_attn *ref = kern_attn_select((enum engine_kv_type)type,
+                                                       KERN_ISA_PORTABLE);
+        for (int32_t ii = 1; ii < n_isas; ii++) {
+            const struct kern_attn *simd = kern_attn_select((enum engine_kv_type)type, isas[ii]);
+            assert_ptr_not_equal(simd, ref);
+            for (int32_t n = 1; n <= 40; n++) {
+                float sc[40], p_ref[40], p_simd[40], mx = -INFINITY;
+                for (int32_t j = 0; j < n; j++) {
+                    sc[j] = j % 7 == 5 ? -INFINITY : frand() * 30.0f;
+                    mx = sc[j] > mx ? sc[j] : mx;
                 }
-                float q[4][128], s_ref[4 * 32], s_simd[4 * 32], p[32];
-                const float *qr[4] = {q[0], q[1], q[2], q[3]};
-                for (int r = 0; r < 4; r++) {
-                    for (int32_t d = 0; d < hd; d++) q[r][d] = frand();
+                const float sum_ref = ref->exp_sum(p_ref, sc, mx, n);
+                const float sum_simd = simd->exp_sum(p_simd, sc, mx, n);
+                assert_true(fabsf(sum_ref - sum_simd) <= 1e-6f * (float)n);
+                for (int32_t j = 0; j < n; j++) {
+                    assert_true(fabsf(p_ref[j] - p_simd[j]) <= 1e-6f);
                 }
-                for (int32_t j = 0; j < bs; j++) p[j] = (frand() + 1.0f) / 2.0f;
-                const void *kt = kv_k_tile(&kv, 0, 1, 0);
-                const void *vt = kv_v_tile(&kv, 0, 1, 0);
-                for (int32_t nr = 1; nr <= 4; nr++) {
-                    ref->scores(qr, nr, kt, hd, bs, 0.125f, s_ref);
-                    simd->scores(qr, nr, kt, hd, bs, 0.125f, s_simd);
-                    for (int32_t i = 0; i < nr * bs; i++) {
-                        assert_true(fabsf(s_ref[i] - s_simd[i]) <= 1e-5f * (1.0f + fabsf(s_ref[i])));
-                    }
-                }
-                for (int32_t j0 = 0; j0 < bs; j0++) {
-                    for (int32_t n = 1; j0 + n <= bs; n++) {
-                        float a_ref[128], a_simd[128];
-                        for (int32_t d = 0; d < hd; d++) a_ref[d] = a_simd[d] = frand();
-                        ref->pv(a_ref, 0.75f, p, vt, j0, n, hd, bs);
-                        simd->pv(a_simd, 0.75f, p, vt, j0, n, hd, bs);
+            }
+            for (size_t di = 0; di < 4; di++) {
+                for (size_t si = 0; si < 3; si++) {
+                    const int32_t hd = dims[di], bs = sizes[si];
+                    struct kv_store kv;
+                    assert_int_equal(kv_init(&kv, (enum engine_kv_type)type, 1, 2, bs, 1, hd), 0);
+                    float *k = malloc((size_t)hd * sizeof(float));
+                    float *v = malloc((size_t)hd * sizeof(float));
+                    for (int32_t j = 0; j < bs; j++) {
                         for (int32_t d = 0; d < hd; d++) {
-                            assert_true(fabsf(a_ref[d] - a_simd[d]) <= 1e-5f * (1.0f + fabsf(a_ref[d])));
+                            k[d] = frand() * 3.0f;
+                            v[d] = frand();
+                        }
+                        kv_write_token(&kv, 0, 1, j, k, v);
+                    }
+                    float q[4][128], s_ref[4 * 32], s_simd[4 * 32], p[32];
+                    const float *qr[4] = {q[0], q[1], q[2], q[3]};
+                    for (int r = 0; r < 4; r++) {
+                        for (int32_t d = 0; d < hd; d++) q[r][d] = frand();
+                    }
+                    for (int32_t j = 0; j < bs; j++) p[j] = (frand() + 1.0f) / 2.0f;
+                    const void *kt = kv_k_tile(&kv, 0, 1, 0);
+                    const void *vt = kv_v_tile(&kv, 0, 1, 0);
+                    for (int32_t nr = 1; nr <= 4; nr++) {
+                        ref->scores(qr, nr, kt, hd, bs, 0.125f, s_ref);
+                        simd->scores(qr, nr, kt, hd, bs, 0.125f, s_simd);
+                        for (int32_t i = 0; i < nr * bs; i++) {
+                            assert_true(fabsf(s_ref[i] - s_simd[i]) <=
+                                        1e-5f * (1.0f + fabsf(s_ref[i])));
                         }
                     }
+                    for (int32_t j0 = 0; j0 < bs; j0++) {
+                        for (int32_t n = 1; j0 + n <= bs; n++) {
+                            float a_ref[128], a_simd[128];
+                            for (int32_t d = 0; d < hd; d++) a_ref[d] = a_simd[d] = frand();
+                            ref->pv(a_ref, 0.75f, p, vt, j0, n, hd, bs);
+                            simd->pv(a_simd, 0.75f, p, vt, j0, n, hd, bs);
+                            for (int32_t d = 0; d < hd; d++) {
+                                assert_true(fabsf(a_ref[d] - a_simd[d]) <=
+                                            1e-5f * (1.0f + fabsf(a_ref[d])));
+                            }
+                        }
+                    }
+                    free(k);
+                    free(v);
+                    kv_free(&kv);
                 }
-                free(k);
-                free(v);
-                kv_free(&kv);
             }
         }
     }
+}
+
+/* The running state (m, l, acc) of n_rows rows after a walk over n_blk blocks,
+ * by the portable pieces composed as attention.c composes them: the oracle of
+ * a fused step. */
+static void walk_with_pieces(const struct kern_attn *ref, const struct kv_store *kv,
+                             const float *const *q, const int32_t *lo, const int32_t *hi,
+                             int32_t n_rows, int32_t n_blk, float scale, float *m, float *l,
+                             float *acc) {
+    const int32_t hd = kv->head_dim, bs = kv->block_size;
+    float *s = malloc((size_t)n_rows * bs * sizeof(float));
+    float *p = malloc((size_t)bs * sizeof(float));
+    for (int32_t b = 0; b < n_blk; b++) {
+        const void *kt = kv_k_tile(kv, 0, b + 1, 0);
+        const void *vt = kv_v_tile(kv, 0, b + 1, 0);
+        for (int32_t r = 0; r < n_rows; r += KERN_ATTN_ROWS) {
+            const int32_t nr = n_rows - r < KERN_ATTN_ROWS ? n_rows - r : KERN_ATTN_ROWS;
+            ref->scores(q + r, nr, kt, hd, bs, scale, s + (size_t)r * bs);
+        }
+        for (int32_t r = 0; r < n_rows; r++) {
+            const int32_t j0 = lo[r] > b * bs ? lo[r] - b * bs : 0;
+            const int32_t j1 = hi[r] - b * bs < bs - 1 ? hi[r] - b * bs : bs - 1;
+            if (j0 > j1) continue;
+            const float *sr = s + (size_t)r * bs;
+            float mx = m[r];
+            for (int32_t j = j0; j <= j1; j++) mx = sr[j] > mx ? sr[j] : mx;
+            const float corr = expf(m[r] - mx);
+            const float sum = ref->exp_sum(p, sr + j0, mx, j1 - j0 + 1);
+            ref->pv(acc + (size_t)r * hd, corr, p, vt, j0, j1 - j0 + 1, hd, bs);
+            l[r] = l[r] * corr + sum;
+            m[r] = mx;
+        }
+    }
+    free(s);
+    free(p);
+}
+
+/* One fused step check: n_rows rows with random key ranges (some empty in
+ * some blocks, some starting or ending mid-block) over the 3 blocks of kv, in
+ * runs of 1, 2 or 3 blocks, against walk_with_pieces. */
+static void check_step(const struct kern_attn *simd, const struct kern_attn *ref,
+                       const struct kv_store *kv, int32_t n_rows) {
+    const int32_t hd = kv->head_dim, bs = kv->block_size, n_blk = 3;
+    float q[9][128], m_ref[9], l_ref[9], m_simd[9], l_simd[9];
+    float acc_ref[9 * 128], acc_simd[9 * 128];
+    float scratch[KERN_ATTN_ROWS * KERN_ATTN_RUN * 32];
+    const float *qr[9];
+    int32_t lo[9], hi[9];
+    assert_true(n_rows <= 9 && hd <= 128 && bs <= 32 && kv->n_blocks > n_blk);
+    for (int32_t r = 0; r < n_rows; r++) {
+        qr[r] = q[r];
+        for (int32_t d = 0; d < hd; d++) q[r][d] = frand();
+        const int32_t a = (int32_t)(rng % (uint64_t)(n_blk * bs));
+        frand();
+        const int32_t b = (int32_t)(rng % (uint64_t)(n_blk * bs));
+        frand();
+        lo[r] = a < b ? a : b;
+        hi[r] = a < b ? b : a;
+        m_ref[r] = m_simd[r] = -INFINITY;
+        l_ref[r] = l_simd[r] = 0.0f;
+    }
+    memset(acc_ref, 0, sizeof(acc_ref));
+    memset(acc_simd, 0, sizeof(acc_simd));
+    walk_with_pieces(ref, kv, qr, lo, hi, n_rows, n_blk, 0.125f, m_ref, l_ref, acc_ref);
+
+    const void *kts[3], *vts[3];
+    for (int32_t blk = 0; blk < n_blk; blk++) {
+        kts[blk] = kv_k_tile(kv, 0, blk + 1, 0);
+        vts[blk] = kv_v_tile(kv, 0, blk + 1, 0);
+    }
+    const int32_t run = 1 + n_rows % 3;
+    for (int32_t blk = 0; blk < n_blk; blk += run) {
+        const int32_t nb = n_blk - blk < run ? n_blk - blk : run;
+        struct kern_attn_step st = {
+            .q = qr, .lo = lo, .hi = hi, .n_rows = n_rows, .pos0 = blk * bs, .n_blocks = nb,
+            .hd = hd, .bs = bs, .scale = 0.125f, .kt = kts + blk, .vt = vts + blk,
+            .kt_next = kts + blk + nb, .vt_next = vts + blk + nb,
+            .n_next = n_blk - blk - nb < run ? n_blk - blk - nb : run,
+            .tile_bytes = kv->tile_bytes, .m = m_simd, .l = l_simd, .acc = acc_simd,
+            .scratch = scratch,
+        };
+        simd->step(&st);
+    }
+
+    // The maxima differ by the scores' rounding; l and acc are relative to
+    // them, acc / l (the output) is not.
+    for (int32_t r = 0; r < n_rows; r++) {
+        const bool m_ok = fabsf(m_ref[r] - m_simd[r]) <= 1e-5f * (1.0f + fabsf(m_ref[r]));
+        const float l_at = l_ref[r] * expf(m_ref[r] - m_simd[r]);
+        const bool l_ok = fabsf(l_at - l_simd[r]) <= 1e-5f * l_at;
+        float worst = 0.0f;  // largest error of acc / l beyond the tolerance
+        for (int32_t d = 0; d < hd; d++) {
+            const float x = acc_ref[r * hd + d] / l_ref[r];
+            const float y = acc_simd[r * hd + d] / l_simd[r];
+            const float e = fabsf(x - y) - 1e-5f * (1.0f + fabsf(x));
+            worst = e > worst ? e : worst;
+        }
+        if (!m_ok || !l_ok || worst > 0.0f) {
+            fail_msg("%s %s hd=%d bs=%d rows=%d: row %d keys [%d, %d]: m %g vs %g, l %g vs %g, "
+                     "output off by %g",
+                     simd->isa, engine_kv_type_name(kv->type), hd, bs, n_rows, r, lo[r], hi[r],
+                     (double)m_simd[r], (double)m_ref[r], (double)l_simd[r], (double)l_at,
+                     (double)worst);
+        }
+    }
+}
+
+/* Every fused step (kern_attn.step) against the composed portable pieces,
+ * for 1..9 rows, head dims 8/64/80/128 and block sizes 5/16/20/32. */
+static void test_attention_step_matches_pieces(void **state) {
+    (void)state;
+    const int32_t dims[] = {8, 64, 80, 128};
+    const int32_t sizes[] = {5, 16, 20, 32};
+    enum kern_isa isas[3];
+    const int32_t n_isas = isa_levels(isas);
+    int32_t n_checked = 0;
+    for (int type = 0; type < ENGINE_KV_TYPE_COUNT; type++) {
+        const struct kern_attn *ref = kern_attn_select((enum engine_kv_type)type,
+                                                       KERN_ISA_PORTABLE);
+        for (int32_t ii = 1; ii < n_isas; ii++) {
+            const struct kern_attn *simd = kern_attn_select((enum engine_kv_type)type, isas[ii]);
+            if (!simd->step) continue;
+            for (size_t di = 0; di < 4; di++) {
+                for (size_t si = 0; si < 4; si++) {
+                    const int32_t hd = dims[di], bs = sizes[si];
+                    struct kv_store kv;
+                    assert_int_equal(kv_init(&kv, (enum engine_kv_type)type, 1, 4, bs, 1, hd), 0);
+                    float k[128], v[128];
+                    for (int32_t pos = 0; pos < 3 * bs; pos++) {
+                        for (int32_t d = 0; d < hd; d++) {
+                            k[d] = frand() * 3.0f;
+                            v[d] = frand();
+                        }
+                        kv_write_token(&kv, 0, pos / bs + 1, pos % bs, k, v);
+                    }
+                    for (int32_t n_rows = 1; n_rows <= 9; n_rows++) {
+                        check_step(simd, ref, &kv, n_rows);
+                        n_checked++;
+                    }
+                    kv_free(&kv);
+                }
+            }
+        }
+    }
+    if (n_checked == 0) skip();  // no table with a fused step on this CPU
 }
 
 /* Bytes per token of each type: f16 half of f32, q8_0 a quarter plus scales. */
@@ -362,6 +556,7 @@ int main(void) {
         cmocka_unit_test(test_attention_every_block_offset),
         cmocka_unit_test(test_attention_long_context),
         cmocka_unit_test(test_attention_kernels_match_portable),
+        cmocka_unit_test(test_attention_step_matches_pieces),
         cmocka_unit_test(test_attention_kv_bytes_per_token),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
