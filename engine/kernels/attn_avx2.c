@@ -4,7 +4,10 @@
  * found those features. f16 values become floats with vcvtph2ps as they are
  * loaded, q8_0 values with a sign extension and vcvtdq2ps; q8_0 scores keep a
  * partial sum per group of 32 dims and multiply it by the group's scales (one
- * vector of 8 keys' scales) once per group.
+ * vector of 8 keys' scales) once per group. The one-row and multi-row score
+ * kernels sum each key in the same order (even-dim chain + odd-dim chain, the
+ * same 8-key passes and scalar tails), so a token's attention has the same
+ * bits decoded alone and in a prefill tile (batch invariance).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -24,12 +27,40 @@ static inline __m256 load8_q8(const int8_t *p) {
 
 static int32_t n_groups(int32_t hd) { return (hd + KV_Q8_0_GROUP - 1) / KV_Q8_0_GROUP; }
 
+/* The scalar form of one score (tails), shared by the one-row and multi-row
+ * kernels so a key's score has the same bits in both. */
+static float score_f32(const float *q, const float *kt, int32_t hd, int32_t bs, int32_t j) {
+    float sum = 0.0f;
+    for (int32_t d = 0; d < hd; d++) sum += q[d] * kt[(int64_t)d * bs + j];
+    return sum;
+}
+
 /* One row (decode without GQA sharing): 16 keys per pass, even and odd dims in
- * separate accumulators so four FMA chains run at once. */
+ * separate accumulators so four FMA chains run at once. Each key's score is
+ * summed in the order of the multi-row kernel (even-dim chain + odd-dim chain,
+ * the same 8-key passes and scalar tail), so a token gets the same bits
+ * decoded alone and in a prefill tile (batch invariance). */
 static void scores_one_row(const float *q, const float *kt, int32_t hd, int32_t bs, float scale,
                            float *s) {
     int32_t j = 0;
-    for (; j + 16 <= bs; j += 16) {
+    for (; j + 8 <= bs; j += 16) {
+        if (j + 16 > bs) {  // one 8-key pass left
+            __m256 a0 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps();
+            int32_t d = 0;
+            for (; d + 2 <= hd; d += 2) {
+                a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + d),
+                                     _mm256_loadu_ps(kt + (int64_t)d * bs + j), a0);
+                a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + d + 1),
+                                     _mm256_loadu_ps(kt + (int64_t)(d + 1) * bs + j), a2);
+            }
+            for (; d < hd; d++) {
+                a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + d),
+                                     _mm256_loadu_ps(kt + (int64_t)d * bs + j), a0);
+            }
+            _mm256_storeu_ps(s + j, _mm256_mul_ps(_mm256_add_ps(a0, a2), _mm256_set1_ps(scale)));
+            j += 8;
+            break;
+        }
         __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
         __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
         int32_t d = 0;
@@ -53,11 +84,7 @@ static void scores_one_row(const float *q, const float *kt, int32_t hd, int32_t 
         _mm256_storeu_ps(s + j, _mm256_mul_ps(_mm256_add_ps(a0, a2), sc));
         _mm256_storeu_ps(s + j + 8, _mm256_mul_ps(_mm256_add_ps(a1, a3), sc));
     }
-    for (; j < bs; j++) {
-        float sum = 0.0f;
-        for (int32_t d = 0; d < hd; d++) sum += q[d] * kt[(int64_t)d * bs + j];
-        s[j] = sum * scale;
-    }
+    for (; j < bs; j++) s[j] = score_f32(q, kt, hd, bs, j) * scale;
 }
 
 void kern_attn_avx2_scores_f32(const float *const *q, int32_t n_rows, const void *ktv,
@@ -68,15 +95,31 @@ void kern_attn_avx2_scores_f32(const float *const *q, int32_t n_rows, const void
         return;
     }
     int32_t j = 0;
-    // 4 rows x 8 keys per pass: one K^T vector load feeds 4 FMAs.
+    // 4 rows x 8 keys per pass: one K^T vector load feeds 4 FMAs; even and odd
+    // dims in separate chains, as scores_one_row.
     for (; j + 8 <= bs; j += 8) {
         __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
         __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+        __m256 b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
+        __m256 b2 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();
         const float *q0 = q[0];
         const float *q1 = n_rows > 1 ? q[1] : q[0];
         const float *q2 = n_rows > 2 ? q[2] : q[0];
         const float *q3 = n_rows > 3 ? q[3] : q[0];
-        for (int32_t d = 0; d < hd; d++) {
+        int32_t d = 0;
+        for (; d + 2 <= hd; d += 2) {
+            __m256 k = _mm256_loadu_ps(kt + (int64_t)d * bs + j);
+            __m256 k1 = _mm256_loadu_ps(kt + (int64_t)(d + 1) * bs + j);
+            a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(q0 + d), k, a0);
+            a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(q1 + d), k, a1);
+            a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(q2 + d), k, a2);
+            a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(q3 + d), k, a3);
+            b0 = _mm256_fmadd_ps(_mm256_broadcast_ss(q0 + d + 1), k1, b0);
+            b1 = _mm256_fmadd_ps(_mm256_broadcast_ss(q1 + d + 1), k1, b1);
+            b2 = _mm256_fmadd_ps(_mm256_broadcast_ss(q2 + d + 1), k1, b2);
+            b3 = _mm256_fmadd_ps(_mm256_broadcast_ss(q3 + d + 1), k1, b3);
+        }
+        for (; d < hd; d++) {
             __m256 k = _mm256_loadu_ps(kt + (int64_t)d * bs + j);
             a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(q0 + d), k, a0);
             a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(q1 + d), k, a1);
@@ -84,16 +127,18 @@ void kern_attn_avx2_scores_f32(const float *const *q, int32_t n_rows, const void
             a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(q3 + d), k, a3);
         }
         __m256 sc = _mm256_set1_ps(scale);
-        _mm256_storeu_ps(s + j, _mm256_mul_ps(a0, sc));
-        if (n_rows > 1) _mm256_storeu_ps(s + bs + j, _mm256_mul_ps(a1, sc));
-        if (n_rows > 2) _mm256_storeu_ps(s + 2 * (int64_t)bs + j, _mm256_mul_ps(a2, sc));
-        if (n_rows > 3) _mm256_storeu_ps(s + 3 * (int64_t)bs + j, _mm256_mul_ps(a3, sc));
+        _mm256_storeu_ps(s + j, _mm256_mul_ps(_mm256_add_ps(a0, b0), sc));
+        if (n_rows > 1) _mm256_storeu_ps(s + bs + j, _mm256_mul_ps(_mm256_add_ps(a1, b1), sc));
+        if (n_rows > 2) {
+            _mm256_storeu_ps(s + 2 * (int64_t)bs + j, _mm256_mul_ps(_mm256_add_ps(a2, b2), sc));
+        }
+        if (n_rows > 3) {
+            _mm256_storeu_ps(s + 3 * (int64_t)bs + j, _mm256_mul_ps(_mm256_add_ps(a3, b3), sc));
+        }
     }
     for (; j < bs; j++) {
         for (int32_t r = 0; r < n_rows; r++) {
-            float sum = 0.0f;
-            for (int32_t d = 0; d < hd; d++) sum += q[r][d] * kt[(int64_t)d * bs + j];
-            s[(int64_t)r * bs + j] = sum * scale;
+            s[(int64_t)r * bs + j] = score_f32(q[r], kt, hd, bs, j) * scale;
         }
     }
 }
@@ -184,10 +229,33 @@ void kern_attn_avx2_pv_f32(float *acc, float corr, const float *p, const void *v
 
 /* ---- f16: the f32 kernels with converting loads ------------------------- */
 
+static float score_f16(const float *q, const uint16_t *kt, int32_t hd, int32_t bs, int32_t j) {
+    float sum = 0.0f;
+    for (int32_t d = 0; d < hd; d++) sum += q[d] * _cvtsh_ss(kt[(int64_t)d * bs + j]);
+    return sum;
+}
+
 static void scores_one_row_f16(const float *q, const uint16_t *kt, int32_t hd, int32_t bs,
                                float scale, float *s) {
     int32_t j = 0;
-    for (; j + 16 <= bs; j += 16) {
+    for (; j + 8 <= bs; j += 16) {
+        if (j + 16 > bs) {  // one 8-key pass left, as in kern_attn_avx2_scores_f16
+            __m256 a0 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps();
+            int32_t d = 0;
+            for (; d + 2 <= hd; d += 2) {
+                a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + d),
+                                     load8_f16(kt + (int64_t)d * bs + j), a0);
+                a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + d + 1),
+                                     load8_f16(kt + (int64_t)(d + 1) * bs + j), a2);
+            }
+            for (; d < hd; d++) {
+                a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + d),
+                                     load8_f16(kt + (int64_t)d * bs + j), a0);
+            }
+            _mm256_storeu_ps(s + j, _mm256_mul_ps(_mm256_add_ps(a0, a2), _mm256_set1_ps(scale)));
+            j += 8;
+            break;
+        }
         __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
         __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
         int32_t d = 0;
@@ -211,11 +279,7 @@ static void scores_one_row_f16(const float *q, const uint16_t *kt, int32_t hd, i
         _mm256_storeu_ps(s + j, _mm256_mul_ps(_mm256_add_ps(a0, a2), sc));
         _mm256_storeu_ps(s + j + 8, _mm256_mul_ps(_mm256_add_ps(a1, a3), sc));
     }
-    for (; j < bs; j++) {
-        float sum = 0.0f;
-        for (int32_t d = 0; d < hd; d++) sum += q[d] * _cvtsh_ss(kt[(int64_t)d * bs + j]);
-        s[j] = sum * scale;
-    }
+    for (; j < bs; j++) s[j] = score_f16(q, kt, hd, bs, j) * scale;
 }
 
 void kern_attn_avx2_scores_f16(const float *const *q, int32_t n_rows, const void *ktv,
@@ -226,14 +290,30 @@ void kern_attn_avx2_scores_f16(const float *const *q, int32_t n_rows, const void
         return;
     }
     int32_t j = 0;
+    // Even and odd dims in separate chains, as scores_one_row_f16.
     for (; j + 8 <= bs; j += 8) {
         __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
         __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+        __m256 b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
+        __m256 b2 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();
         const float *q0 = q[0];
         const float *q1 = n_rows > 1 ? q[1] : q[0];
         const float *q2 = n_rows > 2 ? q[2] : q[0];
         const float *q3 = n_rows > 3 ? q[3] : q[0];
-        for (int32_t d = 0; d < hd; d++) {
+        int32_t d = 0;
+        for (; d + 2 <= hd; d += 2) {
+            __m256 k = load8_f16(kt + (int64_t)d * bs + j);
+            __m256 k1 = load8_f16(kt + (int64_t)(d + 1) * bs + j);
+            a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(q0 + d), k, a0);
+            a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(q1 + d), k, a1);
+            a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(q2 + d), k, a2);
+            a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(q3 + d), k, a3);
+            b0 = _mm256_fmadd_ps(_mm256_broadcast_ss(q0 + d + 1), k1, b0);
+            b1 = _mm256_fmadd_ps(_mm256_broadcast_ss(q1 + d + 1), k1, b1);
+            b2 = _mm256_fmadd_ps(_mm256_broadcast_ss(q2 + d + 1), k1, b2);
+            b3 = _mm256_fmadd_ps(_mm256_broadcast_ss(q3 + d + 1), k1, b3);
+        }
+        for (; d < hd; d++) {
             __m256 k = load8_f16(kt + (int64_t)d * bs + j);
             a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(q0 + d), k, a0);
             a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(q1 + d), k, a1);
@@ -241,16 +321,18 @@ void kern_attn_avx2_scores_f16(const float *const *q, int32_t n_rows, const void
             a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(q3 + d), k, a3);
         }
         __m256 sc = _mm256_set1_ps(scale);
-        _mm256_storeu_ps(s + j, _mm256_mul_ps(a0, sc));
-        if (n_rows > 1) _mm256_storeu_ps(s + bs + j, _mm256_mul_ps(a1, sc));
-        if (n_rows > 2) _mm256_storeu_ps(s + 2 * (int64_t)bs + j, _mm256_mul_ps(a2, sc));
-        if (n_rows > 3) _mm256_storeu_ps(s + 3 * (int64_t)bs + j, _mm256_mul_ps(a3, sc));
+        _mm256_storeu_ps(s + j, _mm256_mul_ps(_mm256_add_ps(a0, b0), sc));
+        if (n_rows > 1) _mm256_storeu_ps(s + bs + j, _mm256_mul_ps(_mm256_add_ps(a1, b1), sc));
+        if (n_rows > 2) {
+            _mm256_storeu_ps(s + 2 * (int64_t)bs + j, _mm256_mul_ps(_mm256_add_ps(a2, b2), sc));
+        }
+        if (n_rows > 3) {
+            _mm256_storeu_ps(s + 3 * (int64_t)bs + j, _mm256_mul_ps(_mm256_add_ps(a3, b3), sc));
+        }
     }
     for (; j < bs; j++) {
         for (int32_t r = 0; r < n_rows; r++) {
-            float sum = 0.0f;
-            for (int32_t d = 0; d < hd; d++) sum += q[r][d] * _cvtsh_ss(kt[(int64_t)d * bs + j]);
-            s[(int64_t)r * bs + j] = sum * scale;
+            s[(int64_t)r * bs + j] = score_f16(q[r], kt, hd, bs, j) * scale;
         }
     }
 }
@@ -311,7 +393,30 @@ static float score_q8_0(const float *q, const float *kd, const int8_t *kq, int32
 static void scores_one_row_q8_0(const float *q, const float *kd, const int8_t *kq, int32_t hd,
                                 int32_t bs, float scale, float *s) {
     int32_t j = 0;
-    for (; j + 16 <= bs; j += 16) {
+    for (; j + 8 <= bs; j += 16) {
+        if (j + 16 > bs) {  // one 8-key pass left, as in kern_attn_avx2_scores_q8_0
+            __m256 a0 = _mm256_setzero_ps();
+            for (int32_t d0 = 0; d0 < hd; d0 += KV_Q8_0_GROUP) {
+                const int32_t d1 = d0 + KV_Q8_0_GROUP < hd ? d0 + KV_Q8_0_GROUP : hd;
+                __m256 g0 = _mm256_setzero_ps(), g2 = _mm256_setzero_ps();
+                int32_t d = d0;
+                for (; d + 2 <= d1; d += 2) {
+                    g0 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + d),
+                                         load8_q8(kq + (int64_t)d * bs + j), g0);
+                    g2 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + d + 1),
+                                         load8_q8(kq + (int64_t)(d + 1) * bs + j), g2);
+                }
+                for (; d < d1; d++) {
+                    g0 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + d),
+                                         load8_q8(kq + (int64_t)d * bs + j), g0);
+                }
+                const float *dg = kd + (int64_t)(d0 / KV_Q8_0_GROUP) * bs + j;
+                a0 = _mm256_fmadd_ps(_mm256_add_ps(g0, g2), _mm256_loadu_ps(dg), a0);
+            }
+            _mm256_storeu_ps(s + j, _mm256_mul_ps(a0, _mm256_set1_ps(scale)));
+            j += 8;
+            break;
+        }
         __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
         for (int32_t d0 = 0; d0 < hd; d0 += KV_Q8_0_GROUP) {
             const int32_t d1 = d0 + KV_Q8_0_GROUP < hd ? d0 + KV_Q8_0_GROUP : hd;
@@ -360,7 +465,8 @@ void kern_attn_avx2_scores_q8_0(const float *const *q, int32_t n_rows, const voi
     const float *q2 = n_rows > 2 ? q[2] : q[0];
     const float *q3 = n_rows > 3 ? q[3] : q[0];
     int32_t j = 0;
-    // 4 rows x 8 keys per pass: one converted K^T vector feeds 4 FMAs.
+    // 4 rows x 8 keys per pass: one converted K^T vector feeds 4 FMAs; even and
+    // odd dims of a group in separate chains, as scores_one_row_q8_0.
     for (; j + 8 <= bs; j += 8) {
         __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
         __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
@@ -368,7 +474,22 @@ void kern_attn_avx2_scores_q8_0(const float *const *q, int32_t n_rows, const voi
             const int32_t d1 = d0 + KV_Q8_0_GROUP < hd ? d0 + KV_Q8_0_GROUP : hd;
             __m256 g0 = _mm256_setzero_ps(), g1 = _mm256_setzero_ps();
             __m256 g2 = _mm256_setzero_ps(), g3 = _mm256_setzero_ps();
-            for (int32_t d = d0; d < d1; d++) {
+            __m256 h0 = _mm256_setzero_ps(), h1 = _mm256_setzero_ps();
+            __m256 h2 = _mm256_setzero_ps(), h3 = _mm256_setzero_ps();
+            int32_t d = d0;
+            for (; d + 2 <= d1; d += 2) {
+                __m256 k = load8_q8(kq + (int64_t)d * bs + j);
+                __m256 k1 = load8_q8(kq + (int64_t)(d + 1) * bs + j);
+                g0 = _mm256_fmadd_ps(_mm256_broadcast_ss(q0 + d), k, g0);
+                g1 = _mm256_fmadd_ps(_mm256_broadcast_ss(q1 + d), k, g1);
+                g2 = _mm256_fmadd_ps(_mm256_broadcast_ss(q2 + d), k, g2);
+                g3 = _mm256_fmadd_ps(_mm256_broadcast_ss(q3 + d), k, g3);
+                h0 = _mm256_fmadd_ps(_mm256_broadcast_ss(q0 + d + 1), k1, h0);
+                h1 = _mm256_fmadd_ps(_mm256_broadcast_ss(q1 + d + 1), k1, h1);
+                h2 = _mm256_fmadd_ps(_mm256_broadcast_ss(q2 + d + 1), k1, h2);
+                h3 = _mm256_fmadd_ps(_mm256_broadcast_ss(q3 + d + 1), k1, h3);
+            }
+            for (; d < d1; d++) {
                 __m256 k = load8_q8(kq + (int64_t)d * bs + j);
                 g0 = _mm256_fmadd_ps(_mm256_broadcast_ss(q0 + d), k, g0);
                 g1 = _mm256_fmadd_ps(_mm256_broadcast_ss(q1 + d), k, g1);
@@ -376,10 +497,10 @@ void kern_attn_avx2_scores_q8_0(const float *const *q, int32_t n_rows, const voi
                 g3 = _mm256_fmadd_ps(_mm256_broadcast_ss(q3 + d), k, g3);
             }
             __m256 dg = _mm256_loadu_ps(kd + (int64_t)(d0 / KV_Q8_0_GROUP) * bs + j);
-            a0 = _mm256_fmadd_ps(g0, dg, a0);
-            a1 = _mm256_fmadd_ps(g1, dg, a1);
-            a2 = _mm256_fmadd_ps(g2, dg, a2);
-            a3 = _mm256_fmadd_ps(g3, dg, a3);
+            a0 = _mm256_fmadd_ps(_mm256_add_ps(g0, h0), dg, a0);
+            a1 = _mm256_fmadd_ps(_mm256_add_ps(g1, h1), dg, a1);
+            a2 = _mm256_fmadd_ps(_mm256_add_ps(g2, h2), dg, a2);
+            a3 = _mm256_fmadd_ps(_mm256_add_ps(g3, h3), dg, a3);
         }
         __m256 sc = _mm256_set1_ps(scale);
         _mm256_storeu_ps(s + j, _mm256_mul_ps(a0, sc));

@@ -8,7 +8,9 @@
  * 2e-5 against the values as stored, for every type; against the exact
  * values, the bound derived from each type's rounding error (f16: 2^-11
  * relative; q8_0: max|group| / 254 per value). The SIMD pieces and the fused
- * AVX-512 step are also checked against the portable pieces directly.
+ * AVX-512 step are also checked against the portable pieces directly. And
+ * every path is batch-invariant: a token decoded alone gets the same bits as
+ * in a prefill tile.
  */
 #include <math.h>
 #include <stdbool.h>
@@ -307,6 +309,102 @@ static void test_attention_long_context(void **state) {
     threadpool_free(pool);
 }
 
+/* Batch invariance: every token of a prefill run gets the same bits as when
+ * it is decoded alone (a batch of one token), on every path, for GQA ratios
+ * 1 and 4, with and without a sliding window, for block sizes 16 and 5 and
+ * contexts long enough for several runs of blocks. */
+static void test_attention_prefill_equals_decode_bitwise(void **state) {
+    (void)state;
+    struct threadpool *pool = threadpool_create(2);
+    enum kern_isa isas[3];
+    const int32_t n_isas = isa_levels(isas);
+    const struct shape shapes[] = {
+        {64, 2, 1, 16, 300, 0, 21}, {80, 1, 4, 16, 300, 0, 11}, {128, 2, 4, 5, 200, 60, 17},
+        {64, 1, 1, 5, 181, 0, 9},
+    };
+    for (int type = 0; type < ENGINE_KV_TYPE_COUNT; type++) {
+        for (int32_t ii = 0; ii < n_isas; ii++) {
+            for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+                const struct shape *sh = &shapes[si];
+                const int32_t hd = sh->head_dim, bs = sh->block_size;
+                const int32_t n_kv = sh->n_head_kv, n_head = n_kv * sh->n_rep;
+                const int32_t n_blk = (sh->ctx + bs - 1) / bs, nq = sh->n_query;
+                struct kv_store kv;
+                assert_int_equal(kv_init(&kv, (enum engine_kv_type)type, 1, n_blk + 1, bs, n_kv, hd),
+                                 0);
+                int32_t *table = malloc((size_t)n_blk * sizeof(int32_t));
+                float *k = malloc((size_t)n_kv * hd * sizeof(float));
+                float *v = malloc((size_t)n_kv * hd * sizeof(float));
+                for (int32_t i = 0; i < n_blk; i++) table[i] = n_blk - i;  // reversed
+                for (int32_t p = 0; p < sh->ctx; p++) {
+                    for (int32_t i = 0; i < n_kv * hd; i++) {
+                        k[i] = frand() * 2.0f;
+                        v[i] = frand();
+                    }
+                    kv_write_token(&kv, 0, table[p / bs], p % bs, k, v);
+                }
+                const size_t row = (size_t)n_head * hd;
+                float *q = malloc((size_t)nq * row * sizeof(float));
+                float *out_p = malloc((size_t)nq * row * sizeof(float));
+                float *out_d = malloc(row * sizeof(float));
+                for (size_t i = 0; i < (size_t)nq * row; i++) q[i] = frand();
+                int32_t *pos = malloc((size_t)nq * sizeof(int32_t));
+                int32_t *zero = calloc((size_t)nq, sizeof(int32_t));
+                int8_t *flag = calloc((size_t)nq, 1);
+                for (int32_t i = 0; i < nq; i++) pos[i] = sh->ctx - nq + i;
+                struct engine_seq sq = {.block_table = table, .n_blocks = n_blk};
+                struct attention_tile *tiles = malloc((size_t)nq * sizeof(*tiles));
+                const size_t sf = attention_scratch_floats(n_head, n_kv, hd, bs);
+                float *scratch = malloc(sf * (size_t)threadpool_n_threads(pool) * sizeof(float));
+                struct attention_args a = {
+                    .kv = &kv, .layer = 0, .q = q, .n_head = n_head, .window = sh->window,
+                    .scale = 1.0f / sqrtf((float)hd),
+                    .kern = kern_attn_select((enum engine_kv_type)type, isas[ii]),
+                    .scratch = scratch, .scratch_floats = sf,
+                };
+                // All nq tokens in one batch (tiles of up to ATTENTION_TILE) ...
+                struct engine_batch b = {.n_tokens = nq, .token = zero, .pos = pos, .seq = zero,
+                                         .output = flag, .n_seqs = 1, .seqs = &sq};
+                a.batch = &b;
+                a.tiles = tiles;
+                a.n_tiles = attention_tiles(&b, tiles);
+                a.out = out_p;
+                attention_run(pool, &a);
+                // ... and each alone.
+                for (int32_t i = 0; i < nq; i++) {
+                    struct engine_batch b1 = {.n_tokens = 1, .token = zero, .pos = pos + i,
+                                              .seq = zero, .output = flag, .n_seqs = 1,
+                                              .seqs = &sq};
+                    a.batch = &b1;
+                    a.n_tiles = attention_tiles(&b1, tiles);
+                    a.q = q + (size_t)i * row;
+                    a.out = out_d;
+                    attention_run(pool, &a);
+                    a.q = q;
+                    if (memcmp(out_d, out_p + (size_t)i * row, row * sizeof(float)) != 0) {
+                        fail_msg("%s %s hd=%d rep=%d bs=%d window=%d: token at %d differs",
+                                 a.kern->isa, engine_kv_type_name((enum engine_kv_type)type), hd,
+                                 sh->n_rep, bs, sh->window, pos[i]);
+                    }
+                }
+                free(scratch);
+                free(tiles);
+                free(pos);
+                free(zero);
+                free(flag);
+                free(q);
+                free(out_p);
+                free(out_d);
+                free(k);
+                free(v);
+                free(table);
+                kv_free(&kv);
+            }
+        }
+    }
+    threadpool_free(pool);
+}
+
 /* The SIMD kernels of every KV type and level against the portable ones on
  * the same tiles: scores of 1..4 rows, exponentials of 1..40 scores (some
  * -inf) and P.V over every start and length in a block. */
@@ -555,6 +653,7 @@ int main(void) {
         cmocka_unit_test(test_attention_matches_naive_softmax),
         cmocka_unit_test(test_attention_every_block_offset),
         cmocka_unit_test(test_attention_long_context),
+        cmocka_unit_test(test_attention_prefill_equals_decode_bitwise),
         cmocka_unit_test(test_attention_kernels_match_portable),
         cmocka_unit_test(test_attention_step_matches_pieces),
         cmocka_unit_test(test_attention_kv_bytes_per_token),
