@@ -3,12 +3,19 @@
  * decode (one query per sequence) and prefill (a causal run of queries), on
  * the engine's paged KV layout with random K/V (a benchmark, not a test).
  *
- * usage: bench_attention [threads] [head_dim] [n_head] [n_head_kv] [f32|f16|q8_0|all]
- * Prints a markdown table: context, then decode us/token and prefill us/token
- * for each KV type asked for (all: f32, f16 and q8_0, interleaved per context
- * so a noisy machine affects each alike), and the KV bytes per token.
+ * usage: bench_attention [threads] [head_dim] [n_head] [n_head_kv] [f32|f16|q8_0|all] [ISAS]
+ * ISAS is a comma-separated list of kernel levels to compare (portable, avx2,
+ * avx512; default: the best the CPU has); a level above the CPU's runs the
+ * CPU's best. Prints a markdown table: context, then decode us/token and
+ * prefill us/token for each (level, KV type) asked for, interleaved per
+ * context so a noisy machine affects each alike, and the KV bytes per token.
+ * Each cell is the best of several runs. With 1 thread the work runs on the
+ * calling thread and its time is that thread's CPU time, which other
+ * processes on a shared machine do not inflate (they still share the caches
+ * and memory); with more, it is wall time.
  */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,15 +26,17 @@
 #include "engine/kernels/kernels.h"
 #include "engine/threadpool.h"
 
-static double now_s(void) {
+/* Seconds on the calling thread's CPU clock (cpu_time) or the monotonic clock. */
+static double now_s(bool cpu_time) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(cpu_time ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* Seconds per call of attention over n_q queries ending at position ctx - 1. */
-static double run(struct threadpool *pool, const struct kv_store *kv, int32_t *table,
-                  int32_t n_blocks, int32_t ctx, int32_t n_q, int32_t n_head, int reps) {
+static double run(struct threadpool *pool, const struct kv_store *kv,
+                  const struct kern_attn *kern, int32_t *table, int32_t n_blocks, int32_t ctx,
+                  int32_t n_q, int32_t n_head, int reps) {
     ASSERT(kv->n_blocks > n_blocks);
     const int32_t hd = kv->head_dim;
     int32_t *pos = malloc((size_t)n_q * sizeof(int32_t));
@@ -46,14 +55,14 @@ static double run(struct threadpool *pool, const struct kv_store *kv, int32_t *t
     struct attention_args a = {
         .kv = kv, .layer = 0, .batch = &b, .tiles = tiles, .n_tiles = attention_tiles(&b, tiles),
         .q = q, .out = out, .n_head = n_head, .window = 0, .scale = 1.0f / sqrtf((float)hd),
-        .kern = kern_attn_select(kv->type, KERN_ISA_VNNI), .scratch = scratch,
-        .scratch_floats = sf,
+        .kern = kern, .scratch = scratch, .scratch_floats = sf,
     };
+    const bool cpu_time = threadpool_n_threads(pool) == 1;
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
-        double t0 = now_s();
+        double t0 = now_s(cpu_time);
         attention_run(pool, &a);
-        double dt = now_s() - t0;
+        double dt = now_s(cpu_time) - t0;
         if (dt < best) best = dt;
     }
     free(pos);
@@ -64,6 +73,27 @@ static double run(struct threadpool *pool, const struct kv_store *kv, int32_t *t
     free(tiles);
     free(scratch);
     return best;
+}
+
+/* Parses "avx2,avx512" into levels; returns how many, or -1. */
+static int parse_isas(const char *list, enum kern_isa out[3]) {
+    static const struct {
+        const char *name;
+        enum kern_isa isa;
+    } names[] = {{"portable", KERN_ISA_PORTABLE}, {"avx2", KERN_ISA_AVX2},
+                 {"avx512", KERN_ISA_AVX512}};
+    int n = 0;
+    for (const char *p = list; *p;) {
+        const size_t len = strcspn(p, ",");
+        int found = -1;
+        for (int i = 0; i < 3; i++) {
+            if (strlen(names[i].name) == len && strncmp(p, names[i].name, len) == 0) found = i;
+        }
+        if (found < 0 || n == 3) return -1;
+        out[n++] = names[found].isa;
+        p += len + (p[len] == ',');
+    }
+    return n;
 }
 
 int main(int argc, char **argv) {
@@ -80,6 +110,13 @@ int main(int argc, char **argv) {
         n_types = 1;
     } else {
         fprintf(stderr, "bench_attention: kv type '%s' is not one of f32, f16, q8_0, all\n", which);
+        return 2;
+    }
+    enum kern_isa isas[3] = {KERN_ISA_VNNI};
+    int n_isas = argc > 6 ? parse_isas(argv[6], isas) : 1;
+    if (n_isas <= 0) {
+        fprintf(stderr, "bench_attention: '%s' is not a list of portable, avx2, avx512\n",
+                argv[6]);
         return 2;
     }
     const int32_t bs = 16;
@@ -101,33 +138,49 @@ int main(int argc, char **argv) {
             kv_write_token(&kv[t], 0, p / bs + 1, p % bs, k, v);
         }
     }
+    // Columns: every (level, type) pair, level-major.
+    const int n_cols = n_isas * n_types;
+    const struct kern_attn *kern[3 * ENGINE_KV_TYPE_COUNT];
+    const struct kv_store *col_kv[3 * ENGINE_KV_TYPE_COUNT];
+    for (int i = 0; i < n_isas; i++) {
+        for (int t = 0; t < n_types; t++) {
+            kern[i * n_types + t] = kern_attn_select(types[t], isas[i]);
+            col_kv[i * n_types + t] = &kv[t];
+        }
+    }
     int32_t *table = malloc((size_t)(max_ctx / bs) * sizeof(int32_t));
     for (int32_t i = 0; i < max_ctx / bs; i++) table[i] = i + 1;
-    printf("one layer, head_dim %d, %d heads, %d kv heads, block %d, %d threads, isa %s\n\n", hd,
-           n_head, n_head_kv, bs, n_threads, kern_attn_select(types[0], KERN_ISA_VNNI)->isa);
+    printf("one layer, head_dim %d, %d heads, %d kv heads, block %d, %d threads (%s time)\n\n",
+           hd, n_head, n_head_kv, bs, n_threads, n_threads == 1 ? "CPU" : "wall");
     printf("KV bytes per token of this layer (K + V, all kv heads):");
     for (int t = 0; t < n_types; t++) {
         printf(" %s %zu", engine_kv_type_name(types[t]),
                kv_block_bytes(types[t], 1, n_head_kv, hd, bs) / (size_t)bs);
     }
     printf("\n\n| context |");
-    for (int t = 0; t < n_types; t++) printf(" decode us/token %s |", engine_kv_type_name(types[t]));
-    for (int t = 0; t < n_types; t++) printf(" prefill us/token %s |", engine_kv_type_name(types[t]));
+    for (int c = 0; c < n_cols; c++) {
+        printf(" decode us/token %s %s |", engine_kv_type_name(col_kv[c]->type), kern[c]->isa);
+    }
+    for (int c = 0; c < n_cols; c++) {
+        printf(" prefill us/token %s %s |", engine_kv_type_name(col_kv[c]->type), kern[c]->isa);
+    }
     printf("\n|---:|");
-    for (int t = 0; t < 2 * n_types; t++) printf("---:|");
+    for (int c = 0; c < 2 * n_cols; c++) printf("---:|");
     printf("\n");
     for (int32_t ctx = 512; ctx <= max_ctx; ctx *= 2) {
-        double dec[ENGINE_KV_TYPE_COUNT], pre[ENGINE_KV_TYPE_COUNT];
-        for (int t = 0; t < n_types; t++) {
-            dec[t] = run(pool, &kv[t], table, ctx / bs, ctx, 1, n_head, 20);
+        double dec[3 * ENGINE_KV_TYPE_COUNT], pre[3 * ENGINE_KV_TYPE_COUNT];
+        for (int c = 0; c < n_cols; c++) {
+            dec[c] = run(pool, col_kv[c], kern[c], table, ctx / bs, ctx, 1, n_head, 20);
         }
-        for (int t = 0; t < n_types; t++) {
-            pre[t] = run(pool, &kv[t], table, ctx / bs, ctx, ctx, n_head, ctx <= 2048 ? 3 : 1);
+        for (int c = 0; c < n_cols; c++) {
+            pre[c] = run(pool, col_kv[c], kern[c], table, ctx / bs, ctx, ctx, n_head,
+                         ctx <= 2048 ? 3 : 1);
         }
         printf("| %d |", ctx);
-        for (int t = 0; t < n_types; t++) printf(" %.1f |", dec[t] * 1e6);
-        for (int t = 0; t < n_types; t++) printf(" %.1f |", pre[t] * 1e6 / ctx);
+        for (int c = 0; c < n_cols; c++) printf(" %.1f |", dec[c] * 1e6);
+        for (int c = 0; c < n_cols; c++) printf(" %.1f |", pre[c] * 1e6 / ctx);
         printf("\n");
+        fflush(stdout);
     }
     for (int t = 0; t < n_types; t++) kv_free(&kv[t]);
     free(k);
