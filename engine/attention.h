@@ -23,7 +23,7 @@
 
 struct threadpool;
 
-#define ATTENTION_TILE 8  // most query tokens per tile
+#define ATTENTION_TILE 16  // most query tokens per tile
 
 struct attention_tile {
     int32_t t0;       // first token of the tile in the batch
