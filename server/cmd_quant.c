@@ -8,7 +8,9 @@
  * windows of --ctx tokens, each window's first token becomes BOS, and only
  * the second half of each window is scored (every scored token sees at least
  * ctx/2 tokens of context). Output: one line per window on stderr, then
- * `ppl=... n_tokens=...` (and `kl=...`) on stdout.
+ * `ppl=... n_tokens=...` on stdout, with --base also `kl=` (mean over scored
+ * tokens), `kl_max=` (largest) and `top1=` (share of scored tokens whose most
+ * likely next token is the base model's).
  */
 #include <getopt.h>
 #include <math.h>
@@ -194,8 +196,8 @@ int cmd_perplexity(int argc, char **argv) {
     for (int32_t i = 0; i < n_ctx / n_blk + 2; i++) table[i] = i + 1;
     struct engine_seq es = {.block_table = table, .n_blocks = (n_ctx + n_blk - 1) / n_blk};
     const int32_t first = n_ctx / 2;  // scored: positions first .. n_ctx-2 predict the next
-    double nll = 0, kl = 0;
-    int64_t n_scored = 0;
+    double nll = 0, kl = 0, kl_max = 0;
+    int64_t n_scored = 0, n_top1 = 0;  // n_top1: tokens whose most likely next token agrees
     int64_t t0 = clock_mono_ns();
     for (int32_t w = 0; w < n_windows; w++) {
         int32_t *tok = ids + (size_t)w * n_ctx;
@@ -224,8 +226,15 @@ int cmd_perplexity(int argc, char **argv) {
             if (base_path) {
                 log_softmax(base_logits + (size_t)o * n_vocab, n_vocab, lp);
                 double d = 0;
-                for (int32_t v = 0; v < n_vocab; v++) d += exp(lp[v]) * (lp[v] - lq[v]);
+                int32_t top_p = 0, top_q = 0;
+                for (int32_t v = 0; v < n_vocab; v++) {
+                    d += exp(lp[v]) * (lp[v] - lq[v]);
+                    if (lp[v] > lp[top_p]) top_p = v;
+                    if (lq[v] > lq[top_q]) top_q = v;
+                }
                 kl += d;
+                kl_max = d > kl_max ? d : kl_max;
+                n_top1 += top_p == top_q;
             }
         }
         tok[0] = saved;
@@ -237,7 +246,10 @@ int cmd_perplexity(int argc, char **argv) {
     double secs = (double)(clock_mono_ns() - t0) / 1e9;
     printf("ppl=%.4f n_tokens=%lld windows=%d ctx=%d", exp(nll / (double)n_scored),
            (long long)n_scored, n_windows, n_ctx);
-    if (base_path) printf(" kl=%.6f", kl / (double)n_scored);
+    if (base_path) {
+        printf(" kl=%.6f kl_max=%.6f top1=%.4f", kl / (double)n_scored, kl_max,
+               (double)n_top1 / (double)n_scored);
+    }
     printf(" seconds=%.1f\n", secs);
     exit_code = 0;
 
