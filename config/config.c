@@ -25,7 +25,7 @@ void config_init_defaults(struct config *c) {
     c->n_threads = 0;
     c->kv_bytes = 256LL * 1024 * 1024;
     c->block_size = 16;
-    c->kv_type = xstrdup("f32");
+    c->kv_type = xstrdup("f16");  // docs/decisions.md: KV type default
     c->max_seqs = 64;
     c->max_batch_tokens = 2048;
     c->max_queue = 1024;

@@ -38,7 +38,7 @@ const struct setting setting_table[] = {
      "tokens per KV block"},
     // The names are engine_kv_type_parse()'s: config/ may not include engine.h.
     {"kv-type", 0, "kv_type", SETTING_KIND_CHOICE, OFF(kv_type), 0, 0, "f32|f16|q8_0",
-     "KV cache storage: f32, f16 (half the bytes) or q8_0 (int8 + scales, ~0.27x)"},
+     "KV cache storage: f16 (half of f32's bytes), f32 or q8_0 (int8 + scales, ~0.27x)"},
     {"max-seqs", 0, "max_seqs", SETTING_KIND_I32, OFF(max_seqs), 1, 65536, "N",
      "most sequences running at once"},
     {"max-batch-tokens", 0, "max_batch_tokens", SETTING_KIND_I32, OFF(max_batch_tokens), 1,

@@ -92,7 +92,7 @@ struct scheduler_params scheduler_default_params(void) {
         .block_size = SCHEDULER_BLOCK_SIZE_DEFAULT,
         .kv_blocks = 0,
         .kv_memory_mib = 256,
-        .kv_type = ENGINE_KV_TYPE_F32,
+        .kv_type = ENGINE_KV_TYPE_F16,
         .max_seqs = 64,
         .max_batch_tokens = 512,
         .max_queue = 1024,

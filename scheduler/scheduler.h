@@ -37,7 +37,7 @@ struct scheduler_params {
     bool enable_prefix_cache;   // automatic prefix caching (on)
     int32_t n_threads;          // kernel threads, 0: all cores
     int32_t n_ctx;              // most tokens of one sequence; 0: the model's context_length
-    enum engine_kv_type kv_type; // storage of the KV pool (ENGINE_KV_TYPE_F32)
+    enum engine_kv_type kv_type; // storage of the KV pool (ENGINE_KV_TYPE_F16)
     int32_t max_loras;          // adapter slots of the engine ctx (8); 0: no adapters
 };
 

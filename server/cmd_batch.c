@@ -83,7 +83,7 @@ static void batch_usage(FILE *fp) {
             "  -c, --ctx N                most tokens of one request, prompt + max_tokens\n"
             "                             (default: the model's context_length); a line asking\n"
             "                             for more gets an error\n"
-            "      --kv-type TYPE         KV cache storage: f32 (default), f16 or q8_0\n"
+            "      --kv-type TYPE         KV cache storage: f16 (default), f32 or q8_0\n"
             "  -t, --threads N            kernel threads (default: all cores)\n");
 }
 

@@ -84,7 +84,7 @@ static void generate_usage(FILE *fp) {
             "  -b, --batch N             prefill chunk in tokens (default 512)\n"
             "  -c, --ctx N               most tokens, prompt + generated (default: the model's\n"
             "                            context_length); more is an error\n"
-            "      --kv-type TYPE        KV cache storage: f32 (default), f16 or q8_0\n"
+            "      --kv-type TYPE        KV cache storage: f16 (default), f32 or q8_0\n"
             "      --log-level L         error, warn, info, debug (default warn)\n",
             STOP_MAX_STRINGS);
 }
@@ -212,7 +212,7 @@ static void write_out(const struct buf *b) {
 }
 
 int cmd_generate(int argc, char **argv) {
-    struct generate_opts o = {.n_predict = 32, .batch = 512};
+    struct generate_opts o = {.n_predict = 32, .batch = 512, .kv_type = ENGINE_KV_TYPE_F16};
     o.sp = sampler_default_params();
     o.sp.top_k = 40;
     o.sp.top_p = 0.95f;
