@@ -975,6 +975,7 @@ int engine_adapter_load(const struct engine_model *m, const char *path,
         return err;
     }
     if (a->info.kind == ENGINE_ADAPTER_LORA) a->info.rank = a->max_rank;
+    a->info.id = model_next_adapter_id(m);
     *out = a;
     return 0;
 }

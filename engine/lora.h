@@ -12,6 +12,14 @@
  * it and every slot holding it keep a reference, so an adapter unloaded from
  * the registry while requests still use it lives until the last slot lets go.
  *
+ * Identity: engine_adapter_load() gives each adapter object it creates an id
+ * from a counter its model owns (1, 2, 3, ...; never reused while the model
+ * lives), so an id names one set of weights for good: two loads of the same
+ * file are two ids. The scheduler keys prefix-cache blocks by it, so the same
+ * object hits its cached blocks in any slot at any time, and nothing computed
+ * under other weights is ever reused. Ids of different models may coincide;
+ * they are never compared (a ctx takes only its own model's adapters).
+ *
  * Part of the engine's public API (engine.h includes this header).
  */
 #ifndef LLMSERVE_LORA_H
@@ -39,6 +47,8 @@ struct engine_adapter_info {
                           //   the first tensor pair (GGUF); bottleneck: its scaling (1)
     int32_t n_targets;    // projections (LoRA) or modules (bottleneck) the adapter changes
     size_t bytes;         // memory the converted weights take
+    uint64_t id;          // this loaded object's identity, >= 1: unique among the adapters
+                          //   loaded for its model and never reused (see below)
 };
 
 /* Loads an adapter for base model m from path, which is one of:
@@ -50,7 +60,8 @@ struct engine_adapter_info {
  *   - a bottleneck adapter directory (layout in docs/adapters.md).
  * Every tensor's name and shape is checked against m; a mismatch is rejected
  * and the message names the file and the tensor. On success *out holds one
- * reference (release with engine_adapter_release()). Returns 0, ERR_IO,
+ * reference (release with engine_adapter_release()) and has a new info.id (a
+ * failed load takes none). Returns 0, ERR_IO,
  * ERR_FORMAT, ERR_UNSUPPORTED or ERR_NOMEM. [any thread] */
 int engine_adapter_load(const struct engine_model *m, const char *path,
                         struct engine_adapter **out);

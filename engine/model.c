@@ -500,6 +500,7 @@ void engine_model_free(struct engine_model *m) {
     free(m->tensors);
     if (m->panels) munmap(m->panels, m->panels_bytes);
     gguf_close(m->gguf);
+    free(m->next_adapter_id);
     free(m);
 }
 
@@ -509,6 +510,12 @@ int engine_model_load(const struct engine_model_params *p, struct engine_model *
     struct engine_model *m = calloc(1, sizeof(*m));
     if (!m) return ERR_NOMEM;
     struct loader ld = {.m = m, .path = p->path};
+    m->next_adapter_id = malloc(sizeof(*m->next_adapter_id));
+    if (!m->next_adapter_id) {
+        free(m);
+        return ERR_NOMEM;
+    }
+    atomic_init(m->next_adapter_id, 1);
     int err = gguf_open(p->path, &m->gguf);
     if (err) goto fail;
     if ((err = load_meta(&ld)) || (err = load_hparams(&ld)) || (err = load_tensors(&ld)) ||
@@ -539,6 +546,10 @@ int engine_model_load(const struct engine_model_params *p, struct engine_model *
 fail:
     engine_model_free(m);
     return err;
+}
+
+uint64_t model_next_adapter_id(const struct engine_model *m) {
+    return atomic_fetch_add(m->next_adapter_id, 1);
 }
 
 const struct engine_model_info *engine_model_get_info(const struct engine_model *m) {

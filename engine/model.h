@@ -7,12 +7,13 @@
  * the tensor array, the panel copies of the f32/f16/bf16 matrices (one
  * anonymous mapping; kern_matmul() reads them instead of the file's rows),
  * the f32 copies of the small 1-D tensors (norms, biases, RoPE factors) and
- * the tokenizer. Immutable after model_load(): any thread
- * may read it.
+ * the tokenizer. Immutable after model_load(), except for the adapter id
+ * counter (an atomic): any thread may read it.
  */
 #ifndef LLMSERVE_MODEL_H
 #define LLMSERVE_MODEL_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "engine/arch.h"
@@ -78,6 +79,14 @@ struct engine_model {
     char *chat_template;           // owned copy, or NULL
     char name[128];
     struct engine_model_info info;
+    atomic_uint_least64_t *next_adapter_id;  // owned: the id engine_adapter_load() hands out next
+                                             //   (lora.h); the one thing that changes after
+                                             //   load, so it sits behind a pointer that a
+                                             //   const model can still write through
 };
+
+/* A new adapter identity for m: 1, 2, 3, ... never repeated while m lives.
+ * [any thread] */
+uint64_t model_next_adapter_id(const struct engine_model *m);
 
 #endif

@@ -26,8 +26,8 @@ struct block_hash {
 /* Key of a block holding tokens[0..n_tokens) after the prefix whose last block
  * has key parent, computed under the adapter with identity adapter_id (0 =
  * none). The identity is never an adapter slot number, which is reused for
- * other adapters: it is the scheduler's per-residency id (scheduler/lora_slots.h),
- * unique for the scheduler's life. */
+ * other adapters: it is the loaded adapter object's info.id (engine/lora.h),
+ * which no other load of the model ever gets. */
 struct block_hash block_hash_compute(struct block_hash parent, const int32_t *tokens,
                                      int32_t n_tokens, uint64_t adapter_id);
 

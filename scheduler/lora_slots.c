@@ -17,7 +17,6 @@ void lora_slots_init(struct lora_slots *t, int32_t n_slots) {
     memset(t, 0, sizeof(*t));
     t->n_slots = n_slots;
     t->slots = n_slots ? xcalloc((size_t)n_slots, sizeof(*t->slots)) : NULL;
-    t->next_id = 1;
 }
 
 void lora_slots_deinit(struct lora_slots *t) {
@@ -46,9 +45,8 @@ static int32_t victim(const struct lora_slots *t) {
     return best;
 }
 
-int32_t lora_slots_acquire(struct lora_slots *t, struct engine_adapter *a, uint64_t *out_id) {
+int32_t lora_slots_acquire(struct lora_slots *t, struct engine_adapter *a) {
     ASSERT(a);
-    *out_id = 0;
     int32_t i = find(t, a);
     if (i < 0) {
         i = victim(t);
@@ -61,14 +59,14 @@ int32_t lora_slots_acquire(struct lora_slots *t, struct engine_adapter *a, uint6
             t->n_evictions++;
         }
         s->adapter = engine_adapter_retain(a);
-        s->adapter_id = t->next_id++;
+        s->adapter_id = engine_adapter_get_info(a)->id;
+        ASSERT(s->adapter_id != 0);  // the engine numbers adapters from 1
         s->is_dirty = true;
         t->n_loads++;
     }
     struct lora_slot *s = &t->slots[i];
     s->n_users++;
     s->t_last_used = ++t->tick;
-    *out_id = s->adapter_id;
     return i;
 }
 
@@ -96,9 +94,10 @@ bool lora_slots_check(const struct lora_slots *t) {
             return false;
         }
         if (!s->adapter) continue;
-        if (s->adapter_id == 0 || s->adapter_id >= t->next_id) {
-            LOG_ERROR("lora_slots_check: slot %d has id %llu (next %llu)", (int)i,
-                      (unsigned long long)s->adapter_id, (unsigned long long)t->next_id);
+        if (s->adapter_id == 0 || s->adapter_id != engine_adapter_get_info(s->adapter)->id) {
+            LOG_ERROR("lora_slots_check: slot %d has id %llu, its adapter %llu", (int)i,
+                      (unsigned long long)s->adapter_id,
+                      (unsigned long long)engine_adapter_get_info(s->adapter)->id);
             return false;
         }
         for (int32_t j = i + 1; j < t->n_slots; j++) {

@@ -10,13 +10,13 @@
  * a slot whose content changed is marked dirty, and scheduler.c puts the
  * adapter into the ctx (engine_ctx_set_adapter) before the next forward pass.
  *
- * Adapter identity for the prefix cache: each time an adapter enters a slot
- * it gets a fresh adapter_id from a counter that never repeats, so an id
- * names one adapter forever (a slot number, reused by later adapters, would
- * not; nor would a pointer, which malloc may hand out again after the adapter
- * is freed). While the adapter stays resident its sequences share that id and
- * so share cached prefixes; after an eviction and reload it gets a new id,
- * which only costs cache hits, never correctness.
+ * Adapter identity for the prefix cache is not the slot's business: it is
+ * the loaded object's info.id (engine/lora.h), which the engine hands out once
+ * per load and never again. A slot number is reused by other adapters and a
+ * pointer may be handed out again by malloc after the adapter is freed, so
+ * neither could name one set of weights; the id does, in whatever slot the
+ * adapter sits and across evictions and reloads into slots. The table keeps
+ * a copy of the resident adapter's id for its invariants and the log.
  *
  * Owns one reference to each resident adapter (engine_adapter_retain), apart
  * from the engine slot's own. Threads: the step thread (or the thread driving
@@ -34,7 +34,7 @@
 
 struct lora_slot {
     struct engine_adapter *adapter;  // owned reference; NULL: empty
-    uint64_t adapter_id;             // identity of this residency, 0 when empty
+    uint64_t adapter_id;             // the adapter's info.id (engine/lora.h), 0 when empty
     int32_t n_users;                 // running sequences that hold the slot
     int64_t t_last_used;             // lora_slots tick of the last acquire (LRU)
     bool is_dirty;                   // the ctx's slot does not hold `adapter` yet
@@ -43,7 +43,6 @@ struct lora_slot {
 struct lora_slots {
     struct lora_slot *slots;  // owned; [n_slots]
     int32_t n_slots;          // 0: adapters are not served
-    uint64_t next_id;         // the next adapter_id handed out (starts at 1)
     int64_t tick;             // acquire counter, the LRU clock
     int64_t n_loads;          // adapters put into a slot
     int64_t n_evictions;      // of those, replacing a resident adapter
@@ -58,11 +57,10 @@ void lora_slots_deinit(struct lora_slots *t);
 
 /* A slot for adapter a (non-NULL) for one more running sequence: the slot
  * that holds a, else an empty one, else the least recently used slot with no
- * users (evicting its adapter). Increments the slot's n_users and writes the
- * residency's identity to *out_id. Returns the slot index, or
- * LORA_SLOTS_NONE when every slot is held by running sequences (the caller
- * waits; nothing changed). */
-int32_t lora_slots_acquire(struct lora_slots *t, struct engine_adapter *a, uint64_t *out_id);
+ * users (evicting its adapter). Increments the slot's n_users. Returns the
+ * slot index, or LORA_SLOTS_NONE when every slot is held by running sequences
+ * (the caller waits; nothing changed). */
+int32_t lora_slots_acquire(struct lora_slots *t, struct engine_adapter *a);
 
 /* One running sequence of slot lets go (finish, preemption, a failed
  * admission). The adapter stays resident, evictable once n_users is 0. */
@@ -75,8 +73,9 @@ bool lora_slots_can_acquire(const struct lora_slots *t, const struct engine_adap
 /* Resident adapters (slots not empty). */
 int32_t lora_slots_n_resident(const struct lora_slots *t);
 
-/* Invariants: ids unique and non-zero exactly for resident slots, below
- * next_id; n_users >= 0 and 0 for empty slots; no adapter in two slots. */
+/* Invariants: ids non-zero exactly for resident slots and equal to their
+ * adapter's info.id; n_users >= 0 and 0 for empty slots; no adapter (and no
+ * id) in two slots. */
 bool lora_slots_check(const struct lora_slots *t);
 
 #endif // SCHEDULER_LORA_SLOTS_H

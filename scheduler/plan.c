@@ -157,14 +157,13 @@ static enum admit_result admit(struct planner *pl, struct seq *s) {
     struct block_alloc *a = pl->a;
     int32_t bs = block_alloc_block_size(a);
     ASSERT(s->n_computed == 0 && s->table.n_blocks == 0 && s->slot < 0);
-    // The adapter slot first: its residency's id is part of every cache key.
+    // The adapter slot first, so a sequence that must wait for one takes no
+    // blocks. (The cache keys do not depend on the slot: seq.adapter_id.)
     if (s->adapter) {
         ASSERT(pl->loras && pl->loras->n_slots > 0);  // scheduler_submit refuses otherwise
-        uint64_t id = 0;
-        int32_t slot = lora_slots_acquire(pl->loras, s->adapter, &id);
+        int32_t slot = lora_slots_acquire(pl->loras, s->adapter);
         if (slot == LORA_SLOTS_NONE) return ADMIT_LATER_LORA;
         s->slot = slot;
-        seq_set_adapter_id(s, id);
     }
     // Prefix hits: full blocks whose key and tokens are cached, never the block
     // holding the last token, whose logits this step must compute. Each hit is

@@ -35,6 +35,9 @@ int seq_create(uint64_t id, const struct tokenizer *tok, int32_t n_vocab, const 
     s->ignore_eos = p->ignore_eos;
     s->n_logprobs = p->n_logprobs;
     s->adapter = p->adapter ? engine_adapter_retain(p->adapter) : NULL;
+    // The loaded object's identity, whatever slot it gets (lora.h): its
+    // keys never change, so they are computed once.
+    s->adapter_id = p->adapter ? engine_adapter_get_info(p->adapter)->id : 0;
     s->slot = -1;
     s->tok = tok;
     tokenizer_stream_init(&s->stream, p->skip_special);
@@ -136,12 +139,6 @@ void seq_reset_computed(struct seq *s) {
     s->n_computed = 0;
     s->n_published = 0;
     s->n_cached = 0;
-}
-
-void seq_set_adapter_id(struct seq *s, uint64_t adapter_id) {
-    if (s->adapter_id == adapter_id) return;
-    s->adapter_id = adapter_id;
-    s->n_hashed = 0;
 }
 
 struct block_hash seq_block_key(struct seq *s, int32_t i, int32_t block_size) {

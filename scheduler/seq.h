@@ -76,8 +76,8 @@ struct seq {
     int32_t n_logprobs;
     struct engine_adapter *adapter;   // owned reference, NULL: the base model
     int32_t slot;                     // adapter slot while RUNNING with an adapter, else -1
-    uint64_t adapter_id;              // adapter identity in prefix-cache keys (0: none;
-                                      //    lora_slots.h), set at admission
+    uint64_t adapter_id;              // adapter identity in prefix-cache keys: the
+                                      //    adapter's info.id (engine/lora.h), 0: none
     struct sampler *sampler;          // owned
     struct stop_matcher *stop;        // owned; NULL without stop strings
     struct tokenizer_stream stream;   // incremental detokeniser state
@@ -123,11 +123,6 @@ enum seq_status seq_append(struct seq *s, int32_t token, struct buf *text);
 /* Preemption by recompute: n_computed = 0; the caller releases the blocks.
  * Generated tokens, sampler and text state are kept. [step thread] */
 void seq_reset_computed(struct seq *s);
-
-/* Sets the adapter identity used by the prefix-cache keys; the remembered
- * keys are dropped when it changes (a reload of the adapter into a slot).
- * [step thread] */
-void seq_set_adapter_id(struct seq *s, uint64_t adapter_id);
 
 /* Prefix-cache key of full block i (positions [i * bs, (i + 1) * bs) all in
  * tokens), computed once and remembered. [step thread] */

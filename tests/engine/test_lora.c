@@ -495,6 +495,31 @@ static void test_lora_mixed_batch_equals_alone(void **state) {
 
 /* ---- slots, references, info ------------------------------------------------------ */
 
+/* Every load is a new object with a new id, also of the same file, and a
+ * failed load uses none: the prefix cache keys blocks by it (lora.h). */
+static void test_lora_each_load_gets_a_new_id(void **state) {
+    (void)state;
+    struct engine_model *m = load_model("llama-f32");
+    struct engine_adapter *a = load_adapter(m, "llama-peft");
+    struct engine_adapter *bad = NULL;
+    assert_int_not_equal(engine_adapter_load(m, "/nonexistent/adapter", &bad), 0);
+    struct engine_adapter *b = load_adapter(m, "llama-peft");
+    struct engine_adapter *c = load_adapter(m, "llama-bn");
+    uint64_t ia = engine_adapter_get_info(a)->id;
+    uint64_t ib = engine_adapter_get_info(b)->id;
+    uint64_t ic = engine_adapter_get_info(c)->id;
+    assert_true(ia >= 1);
+    assert_true(ib == ia + 1 && ic == ib + 1);
+    // Freed adapters do not give their ids back.
+    engine_adapter_release(a);
+    engine_adapter_release(b);
+    struct engine_adapter *d = load_adapter(m, "llama-peft");
+    assert_true(engine_adapter_get_info(d)->id == ic + 1);
+    engine_adapter_release(c);
+    engine_adapter_release(d);
+    engine_model_free(m);
+}
+
 static void test_lora_slots_and_references(void **state) {
     (void)state;
     struct engine_model *m = load_model("llama-f32");
@@ -887,6 +912,7 @@ int main(void) {
         cmocka_unit_test(test_lora_bottleneck_matches_reference),
         cmocka_unit_test(test_lora_portable_kernels_match),
         cmocka_unit_test(test_lora_mixed_batch_equals_alone),
+        cmocka_unit_test(test_lora_each_load_gets_a_new_id),
         cmocka_unit_test(test_lora_slots_and_references),
         cmocka_unit_test(test_lora_rejects_bad_peft_naming_the_tensor),
         cmocka_unit_test(test_lora_rejects_bad_gguf_naming_the_tensor),

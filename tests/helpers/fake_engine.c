@@ -22,6 +22,7 @@ struct fake_counters {
     int64_t n_tokens;
     atomic_int n_live_adapters;   // loaded and not yet freed
     atomic_llong n_adapter_sets;  // engine_ctx_set_adapter calls with an adapter
+    atomic_ullong next_adapter_id; // the id the next loaded adapter gets (engine/lora.h)
 };
 
 /* A fake adapter: its effect is a salt mixed into the chain hash of every
@@ -82,6 +83,7 @@ struct engine_model *fake_engine_model_create(const struct fake_engine_params *p
     m->p = *p;
     m->tok.n_vocab = p->n_vocab;
     m->counters = xcalloc(1, sizeof(*m->counters));
+    atomic_init(&m->counters->next_adapter_id, 1);
     m->info.arch = "fake";
     m->info.name = "fake";
     m->info.weight_type = "f32";
@@ -144,6 +146,7 @@ int engine_adapter_load(const struct engine_model *m, const char *path,
     a->info.scale = 1.0f;
     a->info.n_targets = 1;
     a->info.bytes = 64;
+    a->info.id = atomic_fetch_add(&m->counters->next_adapter_id, 1);
     atomic_fetch_add(&m->counters->n_live_adapters, 1);
     *out = a;
     return 0;

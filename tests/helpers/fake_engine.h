@@ -18,7 +18,8 @@
  * except those containing "missing" (ERR_IO) or "bad" (ERR_FORMAT); an
  * adapter's effect is a salt (a hash of its path) mixed into h of every token
  * computed under it, so an adapter changes a sequence's whole future, and a
- * block computed under one adapter gives wrong outputs under another. A batch
+ * block computed under one adapter gives wrong outputs under another. Each load
+ * gets a new info.id (1, 2, ... per model), as the engine's do. A batch
  * naming an empty slot is ERR_INVAL. Adapters must be released before their
  * model is freed.
  *

@@ -9,7 +9,9 @@
  * mix the base model and more adapters than slots, arriving at random steps,
  * with and without prefix caching, must give the same tokens; plus slot
  * waiting without starving base-model requests, eviction counters, the
- * prefix cache kept apart per adapter, and no adapter reference left behind.
+ * prefix cache kept apart per adapter (per loaded object: found again after
+ * an eviction, not by a new load of the same file), and no adapter reference
+ * left behind.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -261,23 +263,49 @@ static void test_scheduler_lora_prefix_cache_not_shared_across_adapters(void **s
     }
     scheduler_free(s);
 
-    // With one slot, a0 -> a1 -> a0 evicts and reloads a0: a new identity, so
-    // no hit (a cost, never a wrong answer), and the outputs stay right.
+    // With one slot, a0 -> a1 -> a0 evicts a0 and puts it back into the slot:
+    // the same loaded object, so the blocks it cached before the eviction
+    // are hit again.
     p = params(1, true, 512);
     assert_int_equal(scheduler_create(m, &p, &s), 0);
+    hits = 0;
     const int order1[3] = {1, 2, 1};
+    const int64_t want_hits1[3] = {0, 0, 64};
     for (int k = 0; k < 3; k++) {
         uint64_t id;
         struct channel *c;
         assert_int_equal(submit(s, &under[order1[k]], ad, &id, &c), 0);
         struct result got;
         drain(s, c, &got);
-        expect_same(&want[order1[k]], &got, 1, "reload", (uint64_t)k);
+        expect_same(&want[order1[k]], &got, 1, "evicted and put back", (uint64_t)k);
+        scheduler_get_stats(s, &st);
+        assert_int_equal(st.n_prefix_hit_tokens - hits, want_hits1[k]);
+        hits = st.n_prefix_hit_tokens;
     }
-    scheduler_get_stats(s, &st);
-    assert_int_equal(st.n_prefix_hit_tokens, 0);
     assert_int_equal(st.n_lora_loads, 3);
     assert_int_equal(st.n_lora_evictions, 2);
+
+    // Unloaded and registered again: a new load of the same file is another
+    // object with another id, so it hits none of the old object's blocks
+    // (it might hold other weights by now), only its own from then on; the
+    // old object, still alive, keeps hitting its own.
+    struct engine_adapter *again[1];
+    assert_int_equal(engine_adapter_load(m, "/adapters/a0", &again[0]), 0);
+    assert_true(engine_adapter_get_info(again[0])->id != engine_adapter_get_info(ad[0])->id);
+    struct engine_adapter *which[3] = {again[0], again[0], ad[0]};
+    const int64_t want_hits2[3] = {0, 64, 64};
+    for (int k = 0; k < 3; k++) {
+        uint64_t id;
+        struct channel *c;
+        assert_int_equal(submit(s, &under[1], &which[k], &id, &c), 0);
+        struct result got;
+        drain(s, c, &got);
+        expect_same(&want[1], &got, 1, "loaded again", (uint64_t)k);
+        scheduler_get_stats(s, &st);
+        assert_int_equal(st.n_prefix_hit_tokens - hits, want_hits2[k]);
+        hits = st.n_prefix_hit_tokens;
+    }
+    engine_adapter_release(again[0]);
     scheduler_free(s);
     assert_int_equal(fake_engine_n_errors(m), 0);
     release_adapters(ad, 2);
