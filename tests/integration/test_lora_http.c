@@ -296,8 +296,13 @@ static void test_lora_unload_while_streaming(void **state) {
     snprintf(body, sizeof(body),
              "{\"model\":\"s\",\"prompt\":[1,5,6,7,8],\"max_tokens\":%d,\"temperature\":0,"
              "\"ignore_eos\":true,\"stream\":true}", n_tokens);
-    int fd = httptest_send(srv.port, "POST", "/v1/completions", NULL, body);
+    // The gauge is a per-step snapshot: wait until it no longer counts the
+    // request above, so that "running" below means this stream.
     int polls = 0;
+    while (httptest_get_metric(srv.port, "llmserve_requests_running") != 0 && polls++ < 5000)
+        httptest_sleep_ms(1);
+    int fd = httptest_send(srv.port, "POST", "/v1/completions", NULL, body);
+    polls = 0;
     while (httptest_get_metric(srv.port, "llmserve_requests_running") < 1 && polls++ < 5000)
         httptest_sleep_ms(1);
     r = post(srv.port, "/v1/unload_lora_adapter", NULL, "{\"lora_name\":\"s\"}", 200);
