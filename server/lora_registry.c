@@ -1,9 +1,11 @@
 /*
  * server/lora_registry.c - name -> adapter list behind one mutex. Few
- * adapters (tens): a growable array searched linearly, in load order.
- * A load checks the name, drops the lock for the slow engine_adapter_load(),
- * then checks the name again before inserting, so two concurrent loads of one
- * name cannot both win.
+ * adapters (tens): a growable array searched linearly, in reservation order.
+ * A reservation is an entry without an adapter, found by its ticket; the
+ * slow engine_adapter_load() runs without the lock, and its adapter is listed
+ * only if the ticket is still there (an unload removes the entry, so a later
+ * reservation of the same name has another ticket and is never confused with
+ * it).
  */
 #define LOG_TAG "lora"
 #include "server/lora_registry.h"
@@ -23,23 +25,26 @@
 struct lora_entry {
     char *name;                     // owned
     char *path;                     // owned
-    struct engine_adapter *adapter; // owned reference
+    struct engine_adapter *adapter; // owned reference; NULL while reserved
+    uint64_t ticket;                // the reservation's, while reserved; 0 once listed
     int64_t created_s;
 };
 
 struct lora_registry {
     const struct engine_model *model;  // borrowed
     char *base_name;                   // owned
-    pthread_mutex_t lock;              // guards entries and n
-    struct lora_entry *entries;        // owned [cap], the first n in use, in load order
+    pthread_mutex_t lock;              // guards entries, n and next_ticket
+    struct lora_entry *entries;        // owned [cap], the first n in use, in reservation order
     int32_t n;
     int32_t cap;
+    uint64_t next_ticket;              // the next reservation's ticket (from 1)
 };
 
 struct lora_registry *lora_registry_create(const struct engine_model *m, const char *base_name) {
     struct lora_registry *r = calloc(1, sizeof(*r));
     if (!r) return NULL;
     r->model = m;
+    r->next_ticket = 1;
     r->base_name = strdup(base_name ? base_name : "");
     if (!r->base_name || pthread_mutex_init(&r->lock, NULL) != 0) {
         free(r->base_name);
@@ -49,13 +54,15 @@ struct lora_registry *lora_registry_create(const struct engine_model *m, const c
     return r;
 }
 
+static void entry_free(struct lora_entry *e) {
+    free(e->name);
+    free(e->path);
+    engine_adapter_release(e->adapter);
+}
+
 void lora_registry_destroy(struct lora_registry *r) {
     if (!r) return;
-    for (int32_t i = 0; i < r->n; i++) {
-        free(r->entries[i].name);
-        free(r->entries[i].path);
-        engine_adapter_release(r->entries[i].adapter);
-    }
+    for (int32_t i = 0; i < r->n; i++) entry_free(&r->entries[i]);
     free(r->entries);
     free(r->base_name);
     pthread_mutex_destroy(&r->lock);
@@ -68,6 +75,17 @@ static int32_t find_locked(const struct lora_registry *r, const char *name) {
     return -1;
 }
 
+static int32_t find_ticket_locked(const struct lora_registry *r, uint64_t ticket) {
+    for (int32_t i = 0; i < r->n; i++)
+        if (r->entries[i].ticket == ticket) return i;
+    return -1;
+}
+
+static void remove_locked(struct lora_registry *r, int32_t i) {
+    memmove(&r->entries[i], &r->entries[i + 1], (size_t)(r->n - i - 1) * sizeof(*r->entries));
+    r->n--;
+}
+
 static bool is_valid_name(const char *name) {
     size_t len = strlen(name);
     if (len == 0 || len > LORA_REGISTRY_NAME_MAX) return false;
@@ -76,8 +94,9 @@ static bool is_valid_name(const char *name) {
     return true;
 }
 
-int lora_registry_load(struct lora_registry *r, const char *name, const char *path, char *msg,
-                       size_t msg_size) {
+int lora_registry_reserve(struct lora_registry *r, const char *name, const char *path,
+                          uint64_t *out_ticket, char *msg, size_t msg_size) {
+    *out_ticket = 0;
     if (!is_valid_name(name)) {
         snprintf(msg, msg_size, "An adapter name must be 1 to %d bytes without control "
                  "characters", LORA_REGISTRY_NAME_MAX);
@@ -93,9 +112,44 @@ int lora_registry_load(struct lora_registry *r, const char *name, const char *pa
         return ERR_INVAL;
     }
     pthread_mutex_lock(&r->lock);
-    bool is_taken = find_locked(r, name) >= 0;
+    int32_t i = find_locked(r, name);
+    if (i >= 0) {
+        bool is_loading = r->entries[i].adapter == NULL;
+        pthread_mutex_unlock(&r->lock);
+        if (is_loading) {
+            snprintf(msg, msg_size, "An adapter named '%.128s' is being loaded; wait for the "
+                     "answer to that load", name);
+            return LORA_REGISTRY_LOADING;
+        }
+        snprintf(msg, msg_size, "An adapter named '%.128s' is already loaded; unload it first",
+                 name);
+        return LORA_REGISTRY_EXISTS;
+    }
+    if (r->n == r->cap) {
+        r->cap = r->cap ? r->cap * 2 : 8;
+        r->entries = xrealloc(r->entries, (size_t)r->cap * sizeof(*r->entries));
+    }
+    uint64_t ticket = r->next_ticket++;
+    r->entries[r->n++] = (struct lora_entry){xstrdup(name), xstrdup(path), NULL, ticket, 0};
     pthread_mutex_unlock(&r->lock);
-    if (is_taken) goto exists;
+    *out_ticket = ticket;
+    return 0;
+}
+
+int lora_registry_load_reserved(struct lora_registry *r, uint64_t ticket,
+                                struct engine_adapter **out_adapter, char *msg, size_t msg_size) {
+    if (out_adapter) *out_adapter = NULL;
+    // Copy what the load needs: an unload may free the entry meanwhile.
+    char name[LORA_REGISTRY_NAME_MAX + 1];
+    pthread_mutex_lock(&r->lock);
+    int32_t i = find_ticket_locked(r, ticket);
+    char *path = i >= 0 ? xstrdup(r->entries[i].path) : NULL;
+    if (i >= 0) snprintf(name, sizeof(name), "%s", r->entries[i].name);
+    pthread_mutex_unlock(&r->lock);
+    if (!path) {
+        snprintf(msg, msg_size, "The adapter was unloaded before its load started");
+        return ERR_CANCELED;
+    }
 
     int64_t t0 = clock_mono_ns();
     struct engine_adapter *a = NULL;
@@ -103,30 +157,59 @@ int lora_registry_load(struct lora_registry *r, const char *name, const char *pa
     if (err) {
         snprintf(msg, msg_size, "Cannot load the adapter '%.128s' from '%.256s': %s (the "
                  "server log has the details)", name, path, err_str(err));
+        lora_registry_cancel(r, ticket);
+        free(path);
         return err;
     }
     pthread_mutex_lock(&r->lock);
-    if (find_locked(r, name) >= 0) {
-        pthread_mutex_unlock(&r->lock);
-        engine_adapter_release(a);
-        goto exists;
+    i = find_ticket_locked(r, ticket);
+    if (i >= 0) {
+        r->entries[i].adapter = engine_adapter_retain(a);
+        r->entries[i].ticket = 0;
+        r->entries[i].created_s = (int64_t)time(NULL);
     }
-    if (r->n == r->cap) {
-        r->cap = r->cap ? r->cap * 2 : 8;
-        r->entries = xrealloc(r->entries, (size_t)r->cap * sizeof(*r->entries));
-    }
-    r->entries[r->n++] = (struct lora_entry){xstrdup(name), xstrdup(path), a, (int64_t)time(NULL)};
     pthread_mutex_unlock(&r->lock);
     const struct engine_adapter_info *info = engine_adapter_get_info(a);
+    double load_ms = (double)(clock_mono_ns() - t0) / 1e6;
+    if (i < 0) {
+        LOG_INFO("adapter load canceled name=%s path=%s load_ms=%.1f (unloaded while loading)",
+                 name, path, load_ms);
+        snprintf(msg, msg_size, "The adapter '%.128s' was unloaded while it was loading", name);
+        engine_adapter_release(a);
+        free(path);
+        return ERR_CANCELED;
+    }
     LOG_INFO("adapter loaded name=%s path=%s format=%s rank=%d scale=%g targets=%d mib=%.1f "
-             "load_ms=%.1f", name, path, info->format, (int)info->rank, (double)info->scale,
-             (int)info->n_targets, (double)info->bytes / 1048576.0,
-             (double)(clock_mono_ns() - t0) / 1e6);
+             "id=%llu load_ms=%.1f", name, path, info->format, (int)info->rank,
+             (double)info->scale, (int)info->n_targets, (double)info->bytes / 1048576.0,
+             (unsigned long long)info->id, load_ms);
+    if (out_adapter) {
+        *out_adapter = a;
+    } else {
+        engine_adapter_release(a);
+    }
+    free(path);
     return 0;
+}
 
-exists:
-    snprintf(msg, msg_size, "An adapter named '%.128s' is already loaded; unload it first", name);
-    return LORA_REGISTRY_EXISTS;
+void lora_registry_cancel(struct lora_registry *r, uint64_t ticket) {
+    pthread_mutex_lock(&r->lock);
+    int32_t i = find_ticket_locked(r, ticket);
+    struct lora_entry e = {0};
+    if (i >= 0) {
+        e = r->entries[i];
+        remove_locked(r, i);
+    }
+    pthread_mutex_unlock(&r->lock);
+    entry_free(&e);
+}
+
+int lora_registry_load(struct lora_registry *r, const char *name, const char *path, char *msg,
+                       size_t msg_size) {
+    uint64_t ticket = 0;
+    int err = lora_registry_reserve(r, name, path, &ticket, msg, msg_size);
+    if (err) return err;
+    return lora_registry_load_reserved(r, ticket, NULL, msg, msg_size);
 }
 
 int lora_registry_unload(struct lora_registry *r, const char *name) {
@@ -137,27 +220,32 @@ int lora_registry_unload(struct lora_registry *r, const char *name) {
         return ERR_NOTFOUND;
     }
     struct lora_entry e = r->entries[i];
-    memmove(&r->entries[i], &r->entries[i + 1], (size_t)(r->n - i - 1) * sizeof(*r->entries));
-    r->n--;
+    remove_locked(r, i);
     pthread_mutex_unlock(&r->lock);
-    LOG_INFO("adapter unloaded name=%s path=%s", e.name, e.path);
-    free(e.name);
-    free(e.path);
-    engine_adapter_release(e.adapter);  // requests still using it hold their own
+    if (e.adapter) {
+        LOG_INFO("adapter unloaded name=%s path=%s", e.name, e.path);
+    } else {
+        LOG_INFO("adapter unloaded name=%s path=%s while loading: its load is canceled", e.name,
+                 e.path);
+    }
+    entry_free(&e);  // requests still using the adapter hold their own references
     return 0;
 }
 
 struct engine_adapter *lora_registry_get(struct lora_registry *r, const char *name) {
     pthread_mutex_lock(&r->lock);
     int32_t i = find_locked(r, name);
-    struct engine_adapter *a = i >= 0 ? engine_adapter_retain(r->entries[i].adapter) : NULL;
+    struct engine_adapter *a = i >= 0 && r->entries[i].adapter
+                                   ? engine_adapter_retain(r->entries[i].adapter)
+                                   : NULL;
     pthread_mutex_unlock(&r->lock);
     return a;
 }
 
 int32_t lora_registry_count(struct lora_registry *r) {
     pthread_mutex_lock(&r->lock);
-    int32_t n = r->n;
+    int32_t n = 0;
+    for (int32_t i = 0; i < r->n; i++) n += r->entries[i].adapter != NULL;
     pthread_mutex_unlock(&r->lock);
     return n;
 }
@@ -168,6 +256,7 @@ void lora_registry_foreach(struct lora_registry *r,
     pthread_mutex_lock(&r->lock);
     for (int32_t i = 0; i < r->n; i++) {
         const struct lora_entry *le = &r->entries[i];
+        if (!le->adapter) continue;  // reserved: not served yet
         struct lora_registry_entry e = {le->name, le->path, engine_adapter_get_info(le->adapter),
                                         le->created_s};
         fn(&e, user);

@@ -7,6 +7,7 @@
 #include "tests/helpers/fake_engine.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,11 @@ struct fake_counters {
     atomic_int n_live_adapters;   // loaded and not yet freed
     atomic_llong n_adapter_sets;  // engine_ctx_set_adapter calls with an adapter
     atomic_ullong next_adapter_id; // the id the next loaded adapter gets (engine/lora.h)
+    atomic_llong n_loads;          // engine_adapter_load calls
+    pthread_mutex_t gate_lock;     // guards the two gate counters
+    pthread_cond_t gate_cond;      // an arrival or a pass
+    int32_t n_gate_arrived;        // gated loads that reached the gate so far
+    int32_t n_gate_passes;         // gated loads let through so far
 };
 
 /* A fake adapter: its effect is a salt mixed into the chain hash of every
@@ -84,6 +90,8 @@ struct engine_model *fake_engine_model_create(const struct fake_engine_params *p
     m->tok.n_vocab = p->n_vocab;
     m->counters = xcalloc(1, sizeof(*m->counters));
     atomic_init(&m->counters->next_adapter_id, 1);
+    pthread_mutex_init(&m->counters->gate_lock, NULL);
+    pthread_cond_init(&m->counters->gate_cond, NULL);
     m->info.arch = "fake";
     m->info.name = "fake";
     m->info.weight_type = "f32";
@@ -96,6 +104,8 @@ struct engine_model *fake_engine_model_create(const struct fake_engine_params *p
 
 void engine_model_free(struct engine_model *m) {
     if (!m) return;
+    pthread_mutex_destroy(&m->counters->gate_lock);
+    pthread_cond_destroy(&m->counters->gate_cond);
     free(m->counters);
     free(m);
 }
@@ -130,6 +140,16 @@ const char *engine_kv_type_name(enum engine_kv_type t) {
 int engine_adapter_load(const struct engine_model *m, const char *path,
                         struct engine_adapter **out) {
     *out = NULL;
+    struct fake_counters *fc = m->counters;
+    atomic_fetch_add(&fc->n_loads, 1);
+    if (path && strstr(path, "gate")) {
+        // Wait for the test to let this one (the k-th arrival) through.
+        pthread_mutex_lock(&fc->gate_lock);
+        int32_t k = fc->n_gate_arrived++;
+        pthread_cond_broadcast(&fc->gate_cond);
+        while (fc->n_gate_passes <= k) pthread_cond_wait(&fc->gate_cond, &fc->gate_lock);
+        pthread_mutex_unlock(&fc->gate_lock);
+    }
     if (!path || !*path || strstr(path, "missing")) return ERR_IO;
     if (strstr(path, "bad")) return ERR_FORMAT;
     struct engine_adapter *a = xcalloc(1, sizeof(*a));
@@ -193,6 +213,25 @@ int32_t fake_engine_n_live_adapters(const struct engine_model *m) {
 
 int64_t fake_engine_n_adapter_sets(const struct engine_model *m) {
     return atomic_load(&m->counters->n_adapter_sets);
+}
+
+int64_t fake_engine_n_loads(const struct engine_model *m) {
+    return atomic_load(&m->counters->n_loads);
+}
+
+void fake_engine_gate_wait(const struct engine_model *m, int32_t n) {
+    struct fake_counters *fc = m->counters;
+    pthread_mutex_lock(&fc->gate_lock);
+    while (fc->n_gate_arrived < n) pthread_cond_wait(&fc->gate_cond, &fc->gate_lock);
+    pthread_mutex_unlock(&fc->gate_lock);
+}
+
+void fake_engine_gate_pass(const struct engine_model *m, int32_t n) {
+    struct fake_counters *fc = m->counters;
+    pthread_mutex_lock(&fc->gate_lock);
+    fc->n_gate_passes += n;
+    pthread_cond_broadcast(&fc->gate_cond);
+    pthread_mutex_unlock(&fc->gate_lock);
 }
 
 /* ---- ctx ---- */

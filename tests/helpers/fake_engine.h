@@ -19,7 +19,10 @@
  * adapter's effect is a salt (a hash of its path) mixed into h of every token
  * computed under it, so an adapter changes a sequence's whole future, and a
  * block computed under one adapter gives wrong outputs under another. Each load
- * gets a new info.id (1, 2, ... per model), as the engine's do. A batch
+ * gets a new info.id (1, 2, ... per model), as the engine's do. A load of a
+ * path containing "gate" first waits at the model's gate until the test lets
+ * it through (fake_engine_gate_*), so a test can hold a load "in progress"
+ * for as long as it likes, without timing. A batch
  * naming an empty slot is ERR_INVAL. Adapters must be released before their
  * model is freed.
  *
@@ -55,6 +58,14 @@ int64_t fake_engine_n_tokens(const struct engine_model *m);
 int32_t fake_engine_n_live_adapters(const struct engine_model *m);
 /* engine_ctx_set_adapter() calls that put an adapter into a slot. */
 int64_t fake_engine_n_adapter_sets(const struct engine_model *m);
+
+/* engine_adapter_load() calls on m so far (gated ones count when they start). */
+int64_t fake_engine_n_loads(const struct engine_model *m);
+
+/* The gate: blocks until n loads in all have arrived at m's gate. [any thread] */
+void fake_engine_gate_wait(const struct engine_model *m, int32_t n);
+/* Lets n more gated loads through, in arrival order. [any thread] */
+void fake_engine_gate_pass(const struct engine_model *m, int32_t n);
 
 /* The greedy next token after the history h of a position (the fake's logits
  * argmax), exposed so tests can build oracles without the scheduler. */
