@@ -1,8 +1,9 @@
 /*
  * cmd_serve.c - `llmserve serve`: load the config and the model, start the
- * scheduler and the HTTP server, wait for SIGINT/SIGTERM, then shut down
- * gracefully: stop accepting work (503), let running requests finish for the
- * grace period, cancel the rest, stop HTTP, exit 0.
+ * scheduler, the adapter loader and the HTTP server, wait for SIGINT/SIGTERM,
+ * then shut down gracefully: stop accepting work (503), answer queued adapter
+ * loads (503), let the load in progress and the running requests finish for
+ * the grace period, cancel the rest, stop HTTP, exit 0.
  *
  * Like main.c, this is where config/ is translated into the modules' params
  * (STYLE 2.10; the include is listed in scripts/check-layering's exceptions).
@@ -28,6 +29,7 @@
 #include "server/auth.h"
 #include "server/cmd.h"
 #include "server/http.h"
+#include "server/lora_loader.h"
 #include "server/lora_registry.h"
 #include "server/routes.h"
 
@@ -66,7 +68,9 @@ int cmd_serve(int argc, char **argv) {
     struct scheduler *sched = NULL;
     struct auth *auth = NULL;
     struct lora_registry *loras = NULL;
+    struct lora_loader *loader = NULL;
     struct http_server *http = NULL;
+    bool is_loader_stuck = false;
     int status = 1;
 
     // Block the stop signals before any thread exists, so every thread
@@ -162,6 +166,11 @@ int cmd_serve(int argc, char **argv) {
         }
         app.loras = loras;
         app.allow_runtime_lora = cfg.allow_runtime_lora;
+        if (cfg.allow_runtime_lora) {
+            loader = lora_loader_create(loras);
+            if (!loader) goto done;
+            app.lora_loader = loader;
+        }
         LOG_INFO("adapters n=%d max_loras=%d runtime_updates=%s", (int)cfg.n_loras,
                  (int)cfg.max_loras, !cfg.allow_runtime_lora ? "off"
                                      : auth                  ? "on (API key)"
@@ -185,18 +194,37 @@ int cmd_serve(int argc, char **argv) {
              sig == SIGINT ? "SIGINT" : "SIGTERM", (int)cfg.shutdown_grace_s,
              (int)http_n_active(http));
     http_drain(http);
-    scheduler_stop(sched, (int64_t)cfg.shutdown_grace_s * 1000);
+    // Adapter loads first: queued ones are answered (503) at once; the one in
+    // progress cannot be interrupted and gets the grace period. One still
+    // running then (a hung file system) is given up: its client is answered
+    // 503 and the process exits without waiting for it.
+    int64_t grace_ms = (int64_t)cfg.shutdown_grace_s * 1000;
+    int64_t t_stop_ns = clock_mono_ns();
+    if (loader) is_loader_stuck = lora_loader_stop(loader, grace_ms) == LORA_LOADER_STUCK;
+    int64_t left_ms = grace_ms - (clock_mono_ns() - t_stop_ns) / 1000000;
+    scheduler_stop(sched, left_ms > 0 ? left_ms : 0);
     // Every sequence has finished now; give the streams a moment to write
     // their last chunks and [DONE].
     for (int i = 0; i < 200 && http_n_active(http) > 0; i++) sleep_ms(10);
     status = 0;
 
 done:
+    // The loader wakes HTTP slots, so it stops before they go (a stopped or
+    // stuck loader wakes nobody); it is freed only after HTTP has stopped, as
+    // a handler may still call it (and be refused) until then.
+    if (loader && !is_loader_stuck) lora_loader_stop(loader, -1);
     http_stop(http);
+    if (!is_loader_stuck) lora_loader_destroy(loader);
     scheduler_free(sched);
-    lora_registry_destroy(loras);
+    if (is_loader_stuck) {
+        // Its thread still uses the loader, the registry and the model: they
+        // stay, and go with the process.
+        LOG_WARN("exiting with an adapter load still running");
+    } else {
+        lora_registry_destroy(loras);
+        engine_model_free(model);
+    }
     auth_destroy(auth);
-    engine_model_free(model);
     if (status == 0) LOG_INFO("stopped");
     config_deinit(&cfg);
     return status;

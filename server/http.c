@@ -491,6 +491,7 @@ void http_get_counters(struct http_server *h, struct metrics_server *out) {
     out->n_rejected_full = atomic_load(&h->n_full);
     out->n_disconnects = atomic_load(&h->n_disconnects);
     out->n_open_streams = atomic_load(&h->n_streams);
+    out->n_http_active = atomic_load(&h->n_active);
 }
 
 void http_note_disconnect(struct http_server *h) {

@@ -63,6 +63,11 @@ void metrics_format(struct buf *out, const struct scheduler_stats *st, const dou
            "Admissions put off because every adapter slot was in use.", st->n_lora_waits);
     metric(out, "llmserve_lora_adapters", "gauge", "Adapters served by name.",
            sv->n_lora_adapters);
+    metric(out, "llmserve_lora_loads_queued", "gauge",
+           "Adapter loads (POST /v1/load_lora_adapter) waiting for the loader thread.",
+           sv->n_lora_loads_queued);
+    metric(out, "llmserve_lora_loads_running", "gauge", "Adapter loads in progress (0 or 1).",
+           sv->n_lora_loads_running);
     metric(out, "llmserve_http_requests_total", "counter", "HTTP requests answered.",
            sv->n_http_requests);
     metric(out, "llmserve_http_errors_total", "counter", "HTTP responses with status >= 400.",
@@ -73,6 +78,8 @@ void metrics_format(struct buf *out, const struct scheduler_stats *st, const dou
            "Clients that disconnected before their response ended.", sv->n_disconnects);
     metric(out, "llmserve_http_open_streams", "gauge", "Streaming responses in progress.",
            sv->n_open_streams);
+    metric(out, "llmserve_http_requests_in_progress", "gauge",
+           "HTTP requests received and not yet completed (this one included).", sv->n_http_active);
     histogram(out, "llmserve_time_to_first_token_seconds", "Submit to first token.", &st->ttft,
               bucket_ms);
     histogram(out, "llmserve_inter_token_latency_seconds", "Time between tokens of a sequence.",

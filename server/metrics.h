@@ -19,13 +19,17 @@ struct metrics_server {
     int64_t n_rejected_full;   // 429s (queue full)
     int64_t n_disconnects;     // clients that went away before their stream ended
     int32_t n_open_streams;    // streaming responses in progress
+    int32_t n_http_active;     // requests received and not yet completed (this one included)
     int32_t n_lora_adapters;   // adapters in the registry (served by name)
+    int32_t n_lora_loads_queued;   // runtime adapter loads waiting for the loader thread
+    int32_t n_lora_loads_running;  // runtime adapter loads in progress (0 or 1)
 };
 
 /* Appends every metric to out: llmserve_requests_running / _waiting, KV blocks
  * used / free / cached / total, prefix-cache hit tokens, preemptions, prompt
  * and generation token totals, request counters, adapter slots / loads /
- * evictions / waits and registered adapters, and the histograms
+ * evictions / waits, registered adapters and adapter loads queued / running,
+ * and the histograms
  * time_to_first_token_seconds, inter_token_latency_seconds and
  * request_latency_seconds with bucket bounds bucket_ms [STATS_N_BUCKETS - 1]
  * (in milliseconds; exposed in seconds, cumulative, plus +Inf). */

@@ -12,6 +12,7 @@
 #include "engine/base/clock.h"
 #include "engine/base/err.h"
 #include "engine/base/log.h"
+#include "server/lora_loader.h"
 
 struct req *req_create(struct http_slot *slot, struct MHD_Connection *conn) {
     struct req *r = xcalloc(1, sizeof(*r));
@@ -21,6 +22,7 @@ struct req *req_create(struct http_slot *slot, struct MHD_Connection *conn) {
     atomic_init(&r->timed_out, false);
     atomic_init(&r->heartbeat_due, false);
     atomic_init(&r->client_gone, false);
+    atomic_init(&r->is_canceled, false);
     return r;
 }
 
@@ -45,6 +47,7 @@ void req_destroy(struct req *r) {
         free(c->lps);
     }
     free(r->choices);
+    lora_loader_job_release(r->load);  // no wake reaches the slot after this
     engine_adapter_release(r->adapter);
     openai_request_deinit(&r->oa);
     buf_free(&r->body);
@@ -126,6 +129,9 @@ bool req_poll(struct req *r) {
 }
 
 bool req_is_finished(const struct req *r) {
+    if (r->load && !lora_loader_job_is_done(r->load) &&
+        !atomic_load(&((struct req *)r)->is_canceled))
+        return false;
     for (int32_t i = 0; i < r->n_choices; i++) {
         if (r->choices[i].finish == CHANNEL_FINISH_NONE) return false;
     }
@@ -133,6 +139,7 @@ bool req_is_finished(const struct req *r) {
 }
 
 void req_cancel(struct req *r) {
+    atomic_store(&r->is_canceled, true);
     for (int32_t i = 0; i < r->n_choices; i++) {
         if (r->choices[i].ch && r->choices[i].finish == CHANNEL_FINISH_NONE) {
             scheduler_cancel(r->sched, r->choices[i].seq_id);

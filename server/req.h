@@ -3,13 +3,17 @@
  * parsed OpenAI request, its sequences (ids and channel references) and what
  * they produced so far, its stream state and its pending output bytes.
  *
+ * A request waits for one of two things: its sequences (completions), or an
+ * adapter load on the loader thread (POST /v1/load_lora_adapter, `load`).
+ *
  * Single release point (STYLE 2.7.12): req_destroy(), called only from the
  * daemon's request-completed callback in http.c. It cancels every sequence
  * still running (a client that went away frees its KV blocks within one
- * step) and drops the channel references.
- * Threads: a req belongs to the HTTP thread. The step thread never sees it:
- * wake-ups go to its struct http_slot (http.h), which outlives it. The
- * ticker thread only sets the atomic flags.
+ * step), drops the channel references and its reference to the load job
+ * (the load goes on without it).
+ * Threads: a req belongs to the HTTP thread. The step and loader threads
+ * never see it: wake-ups go to its struct http_slot (http.h), which outlives
+ * it. The ticker thread only sets the atomic flags (req_cancel()).
  */
 #ifndef SERVER_REQ_H
 #define SERVER_REQ_H
@@ -24,6 +28,7 @@
 
 struct route;
 struct http_slot;
+struct lora_loader_job;
 struct MHD_Connection;
 
 enum sse_state {
@@ -66,12 +71,15 @@ struct req {
     atomic_bool timed_out;              // set by the ticker
     atomic_bool heartbeat_due;          // set by the ticker (streams)
     atomic_bool client_gone;            // set by the ticker: the peer closed while suspended
+    atomic_bool is_canceled;            // set by req_cancel() (ticker, shutdown): stop waiting
     int64_t t_last_write_ns;            // streams
 
     struct scheduler *sched;            // borrowed
     const struct tokenizer *tok;        // borrowed
     const char *model_name;             // borrowed: the base model's or r->oa.model
     struct engine_adapter *adapter;     // owned reference; NULL: the base model
+    struct lora_loader_job *load;       // consumer reference to the adapter load this request
+                                        //    waits for (lora_loader.h); NULL: none
     struct openai_request oa;           // owned (zeroed until parsed)
     struct req_choice *choices;         // owned [n_choices]
     int32_t n_choices;
@@ -101,10 +109,13 @@ int req_submit(struct req *r, void (*wake)(void *), void *wake_user);
  * something new arrived (text, tokens or a finish). */
 bool req_poll(struct req *r);
 
-/* True when every choice has finished. */
+/* True when every choice has finished and the load, if any, is done (or no
+ * longer waited for: req_cancel()). [HTTP thread] */
 bool req_is_finished(const struct req *r);
 
-/* Cancels every sequence still running (timeout, shutdown). */
+/* Cancels every sequence still running, and stops waiting for the load,
+ * which goes on (timeout, vanished client, shutdown). Takes no lock but the
+ * scheduler's: callers hold http.c's slot lock. [any thread] */
 void req_cancel(struct req *r);
 
 /* Generated tokens over all choices (for usage and the log). */

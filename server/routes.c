@@ -15,6 +15,7 @@
 #include "engine/base/err.h"
 #include "engine/base/log.h"
 #include "server/http.h"
+#include "server/lora_loader.h"
 #include "server/lora_registry.h"
 #include "server/metrics.h"
 #include "server/req.h"
@@ -60,6 +61,12 @@ static enum route_result handle_metrics(const struct routes_ctx *ctx, struct req
     struct metrics_server sv;
     http_get_counters(ctx->http, &sv);
     sv.n_lora_adapters = ctx->loras ? lora_registry_count(ctx->loras) : 0;
+    sv.n_lora_loads_queued = 0;
+    sv.n_lora_loads_running = 0;
+    if (ctx->lora_loader) {
+        lora_loader_get_counts(ctx->lora_loader, &sv.n_lora_loads_queued,
+                               &sv.n_lora_loads_running);
+    }
     struct buf b = {0};
     metrics_format(&b, &st, stats_bucket_ms, &sv);
     out->status = 200;
@@ -254,8 +261,13 @@ static enum route_result handle_chat(const struct routes_ctx *ctx, struct req *r
     return handle_generate(ctx, r, out, OPENAI_ROUTE_CHAT);
 }
 
+static void load_reply(const struct routes_ctx *ctx, struct req *r, struct route_reply *out);
+
 void routes_final_reply(const struct routes_ctx *ctx, struct req *r, struct route_reply *out) {
-    (void)ctx;
+    if (r->load) {
+        load_reply(ctx, r, out);
+        return;
+    }
     if (atomic_load(&r->timed_out)) {
         routes_error(out, 504, "The request took longer than the server's request timeout",
                      NULL, "request_timeout");
@@ -321,7 +333,7 @@ void routes_final_reply(const struct routes_ctx *ctx, struct req *r, struct rout
 
 /* The admin routes' gate: off unless the operator asked for it. */
 static bool runtime_lora_refused(const struct routes_ctx *ctx, struct route_reply *out) {
-    if (ctx->allow_runtime_lora && ctx->loras) return false;
+    if (ctx->allow_runtime_lora && ctx->loras && ctx->lora_loader) return false;
     routes_error(out, 403, "Loading and unloading adapters at run time is disabled: start the "
                  "server with --allow-runtime-lora (and --api-key to guard it)", NULL,
                  "runtime_lora_disabled");
@@ -340,8 +352,10 @@ static const char *string_field(json_t *root, const char *key, struct route_repl
     return NULL;
 }
 
-/* POST /v1/load_lora_adapter {"lora_name", "lora_path"}: loads on this (the
- * HTTP) thread, never the step thread. */
+/* POST /v1/load_lora_adapter {"lora_name", "lora_path"}: checks the request,
+ * reserves the name and hands the load to the loader thread; the connection
+ * waits (suspended) for load_reply(). A name that is taken, loaded or being
+ * loaded, is answered at once with 409. */
 static enum route_result handle_load_lora(const struct routes_ctx *ctx, struct req *r,
                                           struct route_reply *out) {
     if (runtime_lora_refused(ctx, out)) return ROUTE_RESULT_REPLY;
@@ -354,36 +368,74 @@ static enum route_result handle_load_lora(const struct routes_ctx *ctx, struct r
         return ROUTE_RESULT_REPLY;
     }
     char msg[512];
-    int err = lora_registry_load(ctx->loras, name, path, msg, sizeof(msg));
-    if (err == LORA_REGISTRY_EXISTS) {
-        routes_error(out, 409, msg, "lora_name", "lora_exists");
-    } else if (err == ERR_INVAL) {
-        routes_error(out, 400, msg, "lora_name", NULL);
-    } else if (err == ERR_NOMEM) {
-        routes_error(out, 500, msg, NULL, NULL);
-    } else if (err) {
-        // ERR_IO, ERR_FORMAT, ERR_UNSUPPORTED: the client's file is at fault.
-        routes_error(out, 400, msg, "lora_path", "lora_load_failed");
-    } else {
-        struct engine_adapter *a = lora_registry_get(ctx->loras, name);
-        json_t *o = json_object();
-        json_object_set_new(o, "object", json_string("lora_adapter"));
-        json_object_set_new(o, "id", json_string(name));
-        json_object_set_new(o, "root", json_string(path));
-        json_object_set_new(o, "parent", json_string(ctx->om.name));
-        if (a) {  // NULL only if unloaded again meanwhile
-            const struct engine_adapter_info *info = engine_adapter_get_info(a);
-            json_object_set_new(o, "format", json_string(info->format));
-            json_object_set_new(o, "rank", json_integer(info->rank));
-            engine_adapter_release(a);
-        }
-        reply_json(out, 200, o);
-    }
+    int err = lora_loader_submit(ctx->lora_loader, name, path, http_wake, r->slot, &r->load, msg,
+                                 sizeof(msg));
     json_decref(root);
+    switch (err) {
+    case 0:
+        return ROUTE_RESULT_WAIT;
+    case LORA_REGISTRY_EXISTS:
+        routes_error(out, 409, msg, "lora_name", "lora_exists");
+        break;
+    case LORA_REGISTRY_LOADING:
+        routes_error(out, 409, msg, "lora_name", "lora_loading");
+        break;
+    case ERR_INVAL:
+        routes_error(out, 400, msg, "lora_name", NULL);
+        break;
+    default:  // ERR_FULL (429), ERR_SHUTDOWN (503)
+        routes_error(out, http_status_for_err(err), msg, NULL, NULL);
+        break;
+    }
     return ROUTE_RESULT_REPLY;
 }
 
-/* POST /v1/unload_lora_adapter {"lora_name"}: running requests keep theirs. */
+/* The answer to a load: the adapter as /v1/models lists it, or why not. */
+static void load_reply(const struct routes_ctx *ctx, struct req *r, struct route_reply *out) {
+    if (atomic_load(&r->timed_out)) {
+        routes_error(out, 504, "The adapter load took longer than the server's request timeout; "
+                     "it goes on, and /v1/models lists the adapter once it is loaded", NULL,
+                     "request_timeout");
+        return;
+    }
+    if (!lora_loader_job_is_done(r->load)) {
+        // No longer waited for (req_cancel) and not a timeout: the server is
+        // stopping (a client that went away reads nothing).
+        routes_error(out, 503, "The server is shutting down before the adapter load ended", NULL,
+                     NULL);
+        return;
+    }
+    const struct lora_loader_result *res = lora_loader_job_result(r->load);
+    switch (res->err) {
+    case 0: {
+        json_t *o = json_object();
+        json_object_set_new(o, "object", json_string("lora_adapter"));
+        json_object_set_new(o, "id", json_string(res->name));
+        json_object_set_new(o, "root", json_string(res->path));
+        json_object_set_new(o, "parent", json_string(ctx->om.name));
+        json_object_set_new(o, "format", json_string(res->format));
+        json_object_set_new(o, "rank", json_integer(res->rank));
+        reply_json(out, 200, o);
+        return;
+    }
+    case ERR_CANCELED:
+        routes_error(out, 409, res->message, "lora_name", "lora_load_canceled");
+        return;
+    case ERR_SHUTDOWN:
+        routes_error(out, 503, res->message, NULL, NULL);
+        return;
+    case ERR_NOMEM:
+        routes_error(out, 500, res->message, NULL, NULL);
+        return;
+    default:
+        // ERR_IO, ERR_FORMAT, ERR_UNSUPPORTED: the client's file is at fault.
+        routes_error(out, 400, res->message, "lora_path", "lora_load_failed");
+        return;
+    }
+}
+
+/* POST /v1/unload_lora_adapter {"lora_name"}: running requests keep theirs;
+ * a load of the name still in progress is canceled (it answers 409). */
 static enum route_result handle_unload_lora(const struct routes_ctx *ctx, struct req *r,
                                             struct route_reply *out) {
     if (runtime_lora_refused(ctx, out)) return ROUTE_RESULT_REPLY;

@@ -6,9 +6,9 @@
  * allow_runtime_lora, and behind the API key when keys are configured).
  *
  * Handlers parse, validate and submit; they never block. A handler either
- * fills a reply at once, or submits sequences and asks http.c to wait for
- * them (plain responses, answered by routes_final_reply()) or to stream them
- * (sse.c). Threads: [HTTP thread].
+ * fills a reply at once, or submits work and asks http.c to wait for it
+ * (sequences, or an adapter load on the loader thread; answered by
+ * routes_final_reply()) or to stream it (sse.c). Threads: [HTTP thread].
  */
 #ifndef SERVER_ROUTES_H
 #define SERVER_ROUTES_H
@@ -21,6 +21,7 @@
 
 struct auth;
 struct http_server;
+struct lora_loader;
 struct lora_registry;
 struct req;
 
@@ -32,6 +33,7 @@ struct routes_ctx {
     const struct auth *auth;
     struct lora_registry *loras;  // served adapters ("model": NAME); NULL: none
     bool allow_runtime_lora;    // POST /v1/load_lora_adapter and /v1/unload_lora_adapter
+    struct lora_loader *lora_loader;  // runs the loads of /v1/load_lora_adapter; NULL: none
     struct http_server *http;   // set by http_start()
     int64_t started_s;          // Unix time the model was loaded
 };
@@ -52,7 +54,7 @@ struct route_reply {
 
 enum route_result {
     ROUTE_RESULT_REPLY,         // out is filled
-    ROUTE_RESULT_WAIT,          // sequences submitted; answer when they finish
+    ROUTE_RESULT_WAIT,          // sequences or a load submitted; answer when they finish
     ROUTE_RESULT_STREAM,        // sequences submitted; stream them
 };
 
@@ -74,7 +76,8 @@ const struct route *routes_find(const char *method, const char *path, bool *out_
 void routes_error(struct route_reply *out, int status, const char *message, const char *param,
                   const char *code);
 
-/* The full response of a request whose sequences have all finished. */
+/* The full response of a request whose sequences have all finished, or
+ * whose adapter load is done (or no longer waited for). */
 void routes_final_reply(const struct routes_ctx *ctx, struct req *r, struct route_reply *out);
 
 #endif

@@ -20,7 +20,8 @@ static void test_metrics_formats_gauges_and_histograms(void **state) {
     st.ttft.counts[STATS_N_BUCKETS - 1] = 1;
     st.ttft.n = 4;
     st.ttft.sum_ms = 1500;
-    struct metrics_server sv = {.n_http_requests = 9};
+    struct metrics_server sv = {.n_http_requests = 9, .n_http_active = 3,
+                                .n_lora_loads_queued = 2, .n_lora_loads_running = 1};
     struct buf b = {0};
     metrics_format(&b, &st, bounds, &sv);
     assert_non_null(strstr(b.data, "# TYPE llmserve_requests_running gauge\n"
@@ -28,6 +29,9 @@ static void test_metrics_formats_gauges_and_histograms(void **state) {
     assert_non_null(strstr(b.data, "llmserve_requests_waiting 2\n"));
     assert_non_null(strstr(b.data, "llmserve_kv_blocks_used 7\n"));
     assert_non_null(strstr(b.data, "llmserve_http_requests_total 9\n"));
+    assert_non_null(strstr(b.data, "llmserve_http_requests_in_progress 3\n"));
+    assert_non_null(strstr(b.data, "llmserve_lora_loads_queued 2\n"));
+    assert_non_null(strstr(b.data, "llmserve_lora_loads_running 1\n"));
     assert_non_null(strstr(b.data, "llmserve_time_to_first_token_seconds_bucket{le=\"0.001\"} 1\n"));
     assert_non_null(strstr(b.data, "llmserve_time_to_first_token_seconds_bucket{le=\"0.002\"} 1\n"));
     assert_non_null(strstr(b.data, "llmserve_time_to_first_token_seconds_bucket{le=\"0.004\"} 3\n"));
