@@ -5,7 +5,9 @@
  * -> 404 model_not_found); load and unload at run time (400 / 409 / 404 / 403
  * / 401 cases); unload while a stream runs (it finishes unchanged); start-up
  * with an adapter that cannot load exits non-zero; `llmserve batch` selects
- * adapters by "model" and agrees with HTTP.
+ * adapters by "model" and agrees with HTTP; the prefix cache finds an
+ * adapter's blocks again after an eviction from its slot, not after an
+ * unload and a new load. (Loads that take a while: test_lora_load.c.)
  *
  * The adapters are GGUF LoRA files (general.type = adapter, tensors
  * <weight>.lora_a [n_in, r] and <weight>.lora_b [r, n_out], llama.cpp's
@@ -32,7 +34,7 @@
 enum { RANK = 8, N_EMBD = 64, N_KV = 32, N_FF = 96, N_LAYER = 2 };
 
 static struct httptest_server srv;
-static char path_a[4096], path_b[4096], path_bad[4096];
+static char path_a[4096], path_b[4096], path_c[4096], path_bad[4096];
 
 static float frand(uint64_t *s) {
     *s = *s * 6364136223846793005ull + 1442695040888963407ull;
@@ -91,6 +93,7 @@ static int group_setup(void **state) {
     (void)state;
     write_adapter(path_a, sizeof(path_a), "a", 1, N_EMBD);
     write_adapter(path_b, sizeof(path_b), "b", 2, N_EMBD);
+    write_adapter(path_c, sizeof(path_c), "c", 4, N_EMBD);
     write_adapter(path_bad, sizeof(path_bad), "bad", 3, N_EMBD + 16);
     char args[8192];
     snprintf(args, sizeof(args), "--lora a=%s --allow-runtime-lora --max-loras 2", path_a);
@@ -320,6 +323,74 @@ static void test_lora_unload_while_streaming(void **state) {
     free(want);
 }
 
+/* The greedy text of a 40-token prompt (two full 16-token blocks before the
+ * last token) under model, and the prefix-cache hits it added. */
+static char *complete_long(const char *model, double *out_hits) {
+    char body[1024];
+    int n = snprintf(body, sizeof(body), "{\"model\":\"%s\",\"prompt\":[", model);
+    for (int i = 0; i < 40; i++)
+        n += snprintf(body + n, sizeof(body) - (size_t)n, "%s%d", i ? "," : "", 2 + i * 7);
+    snprintf(body + n, sizeof(body) - (size_t)n,
+             "],\"max_tokens\":4,\"temperature\":0,\"ignore_eos\":true}");
+    double h0 = httptest_get_metric(srv.port, "llmserve_prefix_cache_hit_tokens_total");
+    struct httptest_resp r = post(srv.port, "/v1/completions", NULL, body, 200);
+    *out_hits = httptest_get_metric(srv.port, "llmserve_prefix_cache_hit_tokens_total") - h0;
+    no_nul(r.body);
+    char *text = httptest_json_str(r.body, "text");
+    assert_non_null(text);
+    httptest_resp_free(&r);
+    return text;
+}
+
+static void load_as(const char *name, const char *path) {
+    char body[8192];
+    snprintf(body, sizeof(body), "{\"lora_name\":\"%s\",\"lora_path\":\"%s\"}", name, path);
+    struct httptest_resp r = post(srv.port, "/v1/load_lora_adapter", NULL, body, 200);
+    httptest_resp_free(&r);
+}
+
+static void unload_name(const char *name) {
+    char body[256];
+    snprintf(body, sizeof(body), "{\"lora_name\":\"%s\"}", name);
+    struct httptest_resp r = post(srv.port, "/v1/unload_lora_adapter", NULL, body, 200);
+    httptest_resp_free(&r);
+}
+
+/* The prefix cache knows an adapter by the loaded object: evicted from its
+ * slot (two slots, three adapters) and put back, it hits its cached blocks;
+ * unloaded and loaded again from the same file, it is a new object and
+ * starts with none (same outputs all along). */
+static void test_lora_prefix_cache_follows_the_loaded_adapter(void **state) {
+    (void)state;
+    load_as("p1", path_b);
+    load_as("p2", path_c);
+    double hits = 0;
+    char *want = complete_long("p1", &hits);
+    assert_true(hits == 0);
+    free(complete_long("a", &hits));
+    free(complete_long("p2", &hits));  // two slots: p1, the least recently used, goes
+    double loads = httptest_get_metric(srv.port, "llmserve_lora_slot_loads_total");
+    char *got = complete_long("p1", &hits);
+    assert_true(httptest_get_metric(srv.port, "llmserve_lora_slot_loads_total") == loads + 1);
+    assert_true(hits == 32);  // put back into a slot: its blocks are found again
+    assert_string_equal(got, want);
+    free(got);
+
+    unload_name("p1");
+    load_as("p1", path_b);
+    got = complete_long("p1", &hits);
+    assert_true(hits == 0);  // a new load: nothing computed before is reused
+    assert_string_equal(got, want);
+    free(got);
+    got = complete_long("p1", &hits);
+    assert_true(hits == 32);
+    assert_string_equal(got, want);
+    free(got);
+    free(want);
+    unload_name("p1");
+    unload_name("p2");
+}
+
 /* `llmserve batch --lora` selects by "model" and agrees with the server. */
 static void test_lora_batch_selects_by_model(void **state) {
     (void)state;
@@ -419,6 +490,7 @@ int main(void) {
         cmocka_unit_test(test_lora_load_and_unload_at_run_time),
         cmocka_unit_test(test_lora_unload_while_streaming),
         cmocka_unit_test(test_lora_batch_selects_by_model),
+        cmocka_unit_test(test_lora_prefix_cache_follows_the_loaded_adapter),
     };
     const struct CMUnitTest alone[] = {
         cmocka_unit_test(test_lora_admin_routes_guarded),
