@@ -110,6 +110,27 @@ static void panel_slice(void *arg, int64_t p0, int64_t p1, int32_t ith, int32_t 
     fn(j->x, j->n_tokens, w->panels, w->ne[0], w->ne[1], p0, p1, j->y);
 }
 
+/* Q-panels [p0, p1) of a packed quantized weight, for every token. */
+static void qpanel_slice(void *arg, int64_t p0, int64_t p1, int32_t ith, int32_t nth) {
+    (void)ith;
+    (void)nth;
+    const struct matmul_job *j = arg;
+    const struct tensor *w = j->w;
+    kern_get()->qpanel[w->type](j->xq, j->n_tokens, w->panels, w->ne[0], w->ne[1], p0, p1, j->y);
+}
+
+/* Tokens [t0, t1) of x quantized into q-panel activation rows. */
+static void qact_slice(void *arg, int64_t t0, int64_t t1, int32_t ith, int32_t nth) {
+    (void)ith;
+    (void)nth;
+    const struct matmul_job *j = arg;
+    const int64_t k = j->w->ne[0];
+    uint8_t *act = j->scratch->act;
+    for (int64_t t = t0; t < t1; t++) {
+        kern_qpanel_act_quantize(j->w->type, j->x + t * k, k, act + (size_t)t * j->xq_row);
+    }
+}
+
 static void matmul_slice(void *arg, int64_t r0, int64_t r1, int32_t ith, int32_t nth) {
     (void)nth;
     const struct matmul_job *j = arg;
@@ -192,6 +213,21 @@ void kern_matmul(struct threadpool *pool, struct kern_scratch *scratch, const st
                  const float *x, int64_t n_tokens, float *y) {
     ASSERT(w->ne[2] == 1 && w->ne[3] == 1);
     struct matmul_job job = {.scratch = scratch, .w = w, .x = x, .n_tokens = n_tokens, .y = y};
+    if (w->panels && is_quantized(w->type)) {
+        const int64_t n_panels = (w->ne[1] + KERN_PANEL_ROWS - 1) / KERN_PANEL_ROWS;
+        ASSERT(kern_get()->qpanel[w->type]);
+        job.xq_row = kern_qpanel_act_bytes(w->type, w->ne[0]);
+        reserve_act(scratch, (size_t)n_tokens * job.xq_row);
+        // a few rows are cheaper to quantize here than a parallel region costs
+        if (n_tokens <= KERN_GEMV_MAX_TOKENS) {
+            qact_slice(&job, 0, n_tokens, 0, 1);
+        } else {
+            threadpool_run(pool, n_tokens, 1, qact_slice, &job);
+        }
+        job.xq = scratch->act;
+        threadpool_run(pool, n_panels, 1, qpanel_slice, &job);
+        return;
+    }
     if (w->panels) {
         const int64_t n_panels = (w->ne[1] + KERN_PANEL_ROWS - 1) / KERN_PANEL_ROWS;
         threadpool_run(pool, n_panels, 1, panel_slice, &job);

@@ -30,6 +30,13 @@ static struct kern_dispatch kern_table = {
     },
     .isa_panel = KERN_ISA_PORTABLE,
     .panel = {kern_panel_ref_f32, kern_panel_ref_f16, kern_panel_ref_bf16},
+    .isa_qpanel = KERN_ISA_PORTABLE,
+    .qpanel = {
+        [QUANT_Q8_0] = kern_qpanel_ref_q8_0,
+        [QUANT_Q4_0] = kern_qpanel_ref_q4_0,
+        [QUANT_Q4_K] = kern_qpanel_ref_q4_K,
+        [QUANT_Q6_K] = kern_qpanel_ref_q6_K,
+    },
 };
 
 enum kern_isa kern_isa_detect(void) {
@@ -97,6 +104,15 @@ void kern_panel_table(enum kern_isa isa, struct kern_panel *out) {
     }
 }
 
+void kern_qpanel_table(enum kern_isa isa, kern_qpanel_fn out[QUANT_TYPE_COUNT]) {
+    for (int t = 0; t < QUANT_TYPE_COUNT; t++) out[t] = NULL;
+    out[QUANT_Q8_0] = kern_qpanel_ref_q8_0;
+    out[QUANT_Q4_0] = kern_qpanel_ref_q4_0;
+    out[QUANT_Q4_K] = kern_qpanel_ref_q4_K;
+    out[QUANT_Q6_K] = kern_qpanel_ref_q6_K;
+    (void)isa;
+}
+
 const struct kern_dispatch *kern_dispatch_init(bool force_portable) {
     struct kern_dispatch t = {
         .isa = "portable",
@@ -120,6 +136,8 @@ const struct kern_dispatch *kern_dispatch_init(bool force_portable) {
     kern_vec_dot_table(t.isa_quant, t.vec_dot);
     t.isa_panel = t.isa_quant;
     kern_panel_table(t.isa_panel, &t.panel);
+    t.isa_qpanel = t.isa_quant;
+    kern_qpanel_table(t.isa_qpanel, t.qpanel);
     kern_table = t;
     atomic_thread_fence(memory_order_release);
     return &kern_table;

@@ -40,6 +40,13 @@ struct kern_panel {
     kern_panel_fn bf16;
 };
 
+/* y[t][16 p0 .. min(16 p1, n)) = W . act[t] for t < n_tokens over q-panels
+ * [p0, p1) of pw, a quantized [k, n] weight packed by kern_panel_pack(); xq
+ * holds n_tokens activation rows of kern_qpanel_act_bytes(type, k) bytes
+ * written by kern_qpanel_act_quantize(), y is [n_tokens][n]. */
+typedef void (*kern_qpanel_fn)(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                               int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+
 /* Converts n elements of a row of type t (f32, f16, bf16) to f32. */
 typedef void (*kern_to_f32_fn)(const void *restrict src, float *restrict dst, int64_t n);
 
@@ -69,6 +76,8 @@ struct kern_dispatch {
     kern_vec_dot_fn vec_dot[QUANT_TYPE_COUNT];     // by weight type; NULL: none
     enum kern_isa isa_panel;                       // level of the panel products
     struct kern_panel panel;
+    enum kern_isa isa_qpanel;                      // level of the q-panel products
+    kern_qpanel_fn qpanel[QUANT_TYPE_COUNT];       // by weight type; NULL: no q-panels
 };
 
 /* The highest level this CPU supports (CPUID), whatever was dispatched. */
@@ -148,14 +157,16 @@ float kern_vnni_vec_dot_q8_0(const void *restrict w, const void *restrict xq, in
  * token's result therefore depends only on its own activations, bit for bit,
  * at any batch size and position, and all levels agree exactly. */
 
-/* True for the types that have a panel layout (f32, f16, bf16). */
+/* True for the types that have a panel layout: f32, f16, bf16, and the
+ * quantized types with q-panels (kern_qpanel_supports(), see "q-panels"). */
 bool kern_panel_supports(enum quant_type t);
 
-/* Bytes of w's panels (a 2-D tensor of a type kern_panel_supports()). */
+/* Bytes of w's panels (a 2-D tensor of a type kern_panel_supports()); a
+ * multiple of 64 for q-panels. */
 size_t kern_panel_bytes(const struct tensor *w);
 
-/* Writes w's panels into dst (kern_panel_bytes(w), 64-byte aligned). Reads
- * every row of w once. */
+/* Writes w's panels (or q-panels) into dst (kern_panel_bytes(w), 64-byte
+ * aligned). Reads every row of w once. */
 void kern_panel_pack(const struct tensor *w, void *dst);
 
 void kern_panel_ref_f32(const float *restrict x, int64_t n_tokens, const void *restrict pw,
@@ -176,6 +187,113 @@ void kern_panel_avx512_f16(const float *restrict x, int64_t n_tokens, const void
                            int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
 void kern_panel_avx512_bf16(const float *restrict x, int64_t n_tokens, const void *restrict pw,
                             int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+
+/* ---- q-panels: quantized weights repacked for integer SIMD (kernels/qpanel*.c)
+ *
+ * A quantized [k, n] weight is stored as ceil(n / 16) panels of
+ * KERN_PANEL_ROWS rows. Along k a panel is cut into the type's blocks (32
+ * elements for q8_0/q4_0, 256 for the K-quants); each panel-block holds the
+ * 16 rows' quants in 64-byte chunks, one per group of 4 consecutive k
+ * (or two groups for 4-bit and 6-bit quants, in the low and high nibbles):
+ *
+ *     chunk byte 4 r + b = the quant of row r at k = 4 g + b    (r < 16, b < 4)
+ *
+ * so one zmm holds 16 output rows x 4 k, and vpdpbusd against the 4
+ * activation bytes of group g broadcast to every lane makes 64 products, one
+ * int32 sum per row. Quants are stored unsigned (q8_0 as w + 128, the others
+ * as GGUF keeps them, 0..2^bits-1); the offset is folded in per token from
+ * the sum of its activations in the block, so every integer sum is the
+ * exact one of the GGUF dot product. The 16 rows' scales (and mins) follow,
+ * unpacked to one byte or f16 per row. A panel is
+ *
+ *     [quants of block 0][block 1]...[block nb-1][meta of block 0]...[meta nb-1]
+ *
+ * padded to 64 bytes; kernels/qpanel.c documents each type's chunk order
+ * and meta fields. About as many bytes as the GGUF rows (q4_K and q6_K
+ * +2-3% for their unpacked scales); the loader drops the file's copy.
+ *
+ * Activations are quantized per token to the weight's partner type exactly
+ * as the row dots do (q8_0 qs and d for q8_0/q4_0, q8_K for the K-quants),
+ * and laid out with float scales and the per-block sums the offsets need.
+ *
+ * Batch invariance and exactness: per (row, token) the integer sum of each
+ * block (or sub-block) is exact, and the float work is one fixed sequence of
+ * IEEE operations over the blocks in k order (kernels/qpanel.c, per type),
+ * the same in the portable, AVX2, AVX-512 and VNNI kernels and at every tile
+ * shape. A token's outputs are therefore the same bits whatever its batch,
+ * and every level equals the portable one bit for bit. Against the row dots
+ * (kern_vec_dot_fn) the result differs only by the float order over blocks. */
+
+/* True for the quantized types that have a q-panel layout. */
+bool kern_qpanel_supports(enum quant_type t);
+
+/* Bytes of one panel of a [k, *] weight of type t (a multiple of 64). */
+size_t kern_qpanel_stride(enum quant_type t, int64_t k);
+
+/* Writes w's q-panels into dst (ceil(n / 16) * kern_qpanel_stride() bytes,
+ * 64-byte aligned); kern_panel_pack() calls it for quantized types. */
+void kern_qpanel_pack(const struct tensor *w, void *dst);
+
+/* Bytes of one activation row of k elements for weights of type t (a
+ * multiple of 64): kern_qpanel_act_quantize() writes it. */
+size_t kern_qpanel_act_bytes(enum quant_type t, int64_t k);
+
+/* The fields of one activation row. q8_0 partners (q8_0, q4_0, q5_0, q4_1,
+ * q5_1 weights; blocks of 32): d and the block sums s of the qs, times the
+ * offsets the unsigned quants need. q8_K partners (K-quants; blocks of 256):
+ * d and GGUF's bsums (sums of 16) in the forms the kernels consume. */
+struct kern_qact {
+    const int8_t *qs;     // [k] activations, k order
+    const float *d;       // [nb] block scales
+    const int32_t *n8;    // [nb] q8_0: -8 s
+    const int32_t *n16;   // [nb] q8_0: -16 s
+    const int32_t *n128;  // [nb] q8_0: -128 s
+    const float *fs;      // [nb] q8_0: (float)s
+    const int32_t *n32;   // [nb][16] q8_K: -32 bsums
+    const int32_t *n4;    // [nb][16] q8_K: -4 bsums
+    const int16_t *b16;   // [nb][16] q8_K: bsums
+    const int16_t *b32;   // [nb][8] q8_K: sums of 32 (bsums in pairs)
+};
+
+/* The view of an activation row of k elements for weights of type t. */
+static inline struct kern_qact kern_qact_view(enum quant_type t, const void *row, int64_t k) {
+    struct kern_qact a = {.qs = (const int8_t *)row};
+    const uint8_t *p = (const uint8_t *)row + k;
+    if (quant_traits(t)->vec_dot_type == QUANT_Q8_K) {
+        const int64_t nb = k / QK_K;
+        a.d = (const float *)p;
+        a.n32 = (const int32_t *)(p + 4 * nb);
+        a.n4 = a.n32 + 16 * nb;
+        a.b16 = (const int16_t *)(a.n4 + 16 * nb);
+        a.b32 = a.b16 + 16 * nb;
+    } else {
+        const int64_t nb = k / QK8_0;
+        a.d = (const float *)p;
+        a.n8 = (const int32_t *)(p + 4 * nb);
+        a.n16 = a.n8 + nb;
+        a.n128 = a.n16 + nb;
+        a.fs = (const float *)(a.n128 + nb);
+    }
+    return a;
+}
+
+/* Quantizes x[k] to the partner type of weight type t (per block, as
+ * quant_traits(vec_dot_type)->from_f32) into dst (kern_qpanel_act_bytes()). */
+void kern_qpanel_act_quantize(enum quant_type t, const float *restrict x, int64_t k,
+                              void *restrict dst);
+
+/* The q-panel products of one level, by weight type (NULL where a type has
+ * none; levels without their own kernel for a type use the level below). */
+void kern_qpanel_table(enum kern_isa isa, kern_qpanel_fn out[QUANT_TYPE_COUNT]);
+
+void kern_qpanel_ref_q8_0(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                          int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_ref_q4_0(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                          int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_ref_q4_K(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                          int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_ref_q6_K(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                          int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
 
 /* ---- matrix products (kernels/blas.c) -------------------------------------- */
 

@@ -2,6 +2,7 @@
  * panel.c - the panel layout of f32/f16/bf16 weights (kernels.h, "panels"):
  * its size, the packing from the GGUF row layout, and the portable matrix
  * product over it, the oracle the SIMD versions must equal bit for bit.
+ * Quantized types are handed to their q-panels (kernels/qpanel.c).
  */
 #include <math.h>
 #include <string.h>
@@ -10,12 +11,20 @@
 #include "engine/kernels/kernels.h"
 #include "engine/quant.h"
 
-bool kern_panel_supports(enum quant_type t) {
+static bool is_float(enum quant_type t) {
     return t == QUANT_F32 || t == QUANT_F16 || t == QUANT_BF16;
+}
+
+bool kern_panel_supports(enum quant_type t) {
+    return is_float(t) || kern_qpanel_supports(t);
 }
 
 size_t kern_panel_bytes(const struct tensor *w) {
     ASSERT(kern_panel_supports(w->type) && w->ne[2] == 1 && w->ne[3] == 1);
+    if (!is_float(w->type)) {
+        const int64_t n_panels = (w->ne[1] + KERN_PANEL_ROWS - 1) / KERN_PANEL_ROWS;
+        return (size_t)n_panels * kern_qpanel_stride(w->type, w->ne[0]);
+    }
     const size_t esz = w->type == QUANT_F32 ? 4 : 2;
     const int64_t n_panels = (w->ne[1] + KERN_PANEL_ROWS - 1) / KERN_PANEL_ROWS;
     return (size_t)n_panels * (size_t)w->ne[0] * KERN_PANEL_ROWS * esz;
@@ -45,7 +54,9 @@ PANEL_PACK(pack_2, uint16_t)
 
 void kern_panel_pack(const struct tensor *w, void *dst) {
     ASSERT(kern_panel_supports(w->type));
-    if (w->type == QUANT_F32) {
+    if (!is_float(w->type)) {
+        kern_qpanel_pack(w, dst);
+    } else if (w->type == QUANT_F32) {
         pack_4(w, dst);  // the bits of the floats, copied as they are
     } else {
         pack_2(w, dst);
