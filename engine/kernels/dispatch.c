@@ -110,7 +110,24 @@ void kern_qpanel_table(enum kern_isa isa, kern_qpanel_fn out[QUANT_TYPE_COUNT]) 
     out[QUANT_Q4_0] = kern_qpanel_ref_q4_0;
     out[QUANT_Q4_K] = kern_qpanel_ref_q4_K;
     out[QUANT_Q6_K] = kern_qpanel_ref_q6_K;
-    (void)isa;
+    if (isa >= KERN_ISA_AVX2) {
+        out[QUANT_Q8_0] = kern_qpanel_avx2_q8_0;
+        out[QUANT_Q4_0] = kern_qpanel_avx2_q4_0;
+        out[QUANT_Q4_K] = kern_qpanel_avx2_q4_K;
+        out[QUANT_Q6_K] = kern_qpanel_avx2_q6_K;
+    }
+    if (isa >= KERN_ISA_AVX512) {
+        out[QUANT_Q8_0] = kern_qpanel_avx512_q8_0;
+        out[QUANT_Q4_0] = kern_qpanel_avx512_q4_0;
+        out[QUANT_Q4_K] = kern_qpanel_avx512_q4_K;
+        out[QUANT_Q6_K] = kern_qpanel_avx512_q6_K;
+    }
+    if (isa >= KERN_ISA_VNNI) {
+        out[QUANT_Q8_0] = kern_qpanel_vnni_q8_0;
+        out[QUANT_Q4_0] = kern_qpanel_vnni_q4_0;
+        out[QUANT_Q4_K] = kern_qpanel_vnni_q4_K;
+        out[QUANT_Q6_K] = kern_qpanel_vnni_q6_K;
+    }
 }
 
 const struct kern_dispatch *kern_dispatch_init(bool force_portable) {

@@ -294,6 +294,30 @@ void kern_qpanel_ref_q4_K(const void *restrict xq, int64_t n_tokens, const void 
                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
 void kern_qpanel_ref_q6_K(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_avx2_q8_0(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_avx2_q4_0(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_avx2_q4_K(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_avx2_q6_K(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_avx512_q8_0(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                             int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_avx512_q4_0(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                             int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_avx512_q4_K(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                             int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_avx512_q6_K(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                             int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_vnni_q8_0(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_vnni_q4_0(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_vnni_q4_K(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_vnni_q6_K(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
 
 /* ---- matrix products (kernels/blas.c) -------------------------------------- */
 
