@@ -6,8 +6,11 @@
  * several runs; the matrix stays in the caches, so the figures are the
  * kernels' speed, not the memory's.
  *
- * usage: bench_matmul [threads] [type] [k] [n] [tokens,tokens,...]
- *   defaults: 2 q8_0 2048 2048 1,4,16,64,256,512
+ * usage: bench_matmul [threads] [type] [k] [n] [tokens,tokens,...] [copies]
+ *   defaults: 2 q8_0 2048 2048 1,4,16,64,256,512 1
+ * With copies > 1 the q-panel products also run over that many copies of
+ * the matrix in turn (a decode-like stream from memory when their total
+ * exceeds the caches) and print ms per product and GB/s.
  * Prints a markdown table: tokens, ms per product for each path, and the
  * q-panel rate in GMAC/s (and GB/s of weights at one token).
  */
@@ -110,6 +113,71 @@ int main(int argc, char **argv) {
         p = strchr(p, ',');
         if (!p) break;
         p++;
+    }
+
+    // Each level's q-panel kernel on one thread, called directly over all panels.
+    printf("\nq-panel kernels by level, 1 thread, ms per product:\n\n| tokens |");
+    const enum kern_isa top = kern_isa_detect();
+    for (int isa = KERN_ISA_AVX2; isa <= (int)top; isa++) printf(" %s |", kern_isa_name((enum kern_isa)isa));
+    printf("\n|---:|");
+    for (int isa = KERN_ISA_AVX2; isa <= (int)top; isa++) printf("---:|");
+    printf("\n");
+    const size_t act_row = kern_qpanel_act_bytes((enum quant_type)type, k);
+    uint8_t *act = malloc(act_row * (size_t)max_tokens);
+    for (int64_t t = 0; t < max_tokens; t++) {
+        kern_qpanel_act_quantize((enum quant_type)type, x + t * k, k, act + (size_t)t * act_row);
+    }
+    const int64_t n_panels = (n + KERN_PANEL_ROWS - 1) / KERN_PANEL_ROWS;
+    for (const char *p = tlist; *p;) {
+        const int64_t m = atoll(p);
+        printf("| %lld |", (long long)m);
+        for (int isa = KERN_ISA_AVX2; isa <= (int)top; isa++) {
+            kern_qpanel_fn tab[QUANT_TYPE_COUNT];
+            kern_qpanel_table((enum kern_isa)isa, tab);
+            double best = 1e30, total = 0.0;
+            for (int r = 0; r < 200 && (r < 3 || total < 0.3); r++) {
+                double t0 = now_s();
+                tab[type](act, m, panels, k, n, 0, n_panels, y);
+                double dt = now_s() - t0;
+                total += dt;
+                if (dt < best) best = dt;
+            }
+            printf(" %.3f |", best * 1e3);
+        }
+        printf("\n");
+        p = strchr(p, ',');
+        if (!p) break;
+        p++;
+    }
+    free(act);
+
+    const int copies = argc > 6 ? atoi(argv[6]) : 1;
+    if (copies > 1) {
+        const size_t bytes = kern_panel_bytes(&w);
+        uint8_t *many = aligned_alloc(64, bytes * (size_t)copies);
+        for (int c = 0; c < copies; c++) memcpy(many + (size_t)c * bytes, panels, bytes);
+        printf("\n%d copies (%.0f MiB), q-panels through kern_matmul:\n\n", copies,
+               (double)bytes * copies / 1048576.0);
+        printf("| tokens | ms per product | GB/s |\n|---:|---:|---:|\n");
+        for (const char *p = tlist; *p;) {
+            const int64_t m = atoll(p);
+            double best = 1e30;
+            for (int r = 0; r < 5; r++) {
+                double t0 = now_s();
+                for (int c = 0; c < copies; c++) {
+                    struct tensor wc = w;
+                    wc.panels = many + (size_t)c * bytes;
+                    kern_matmul(pool, &ks, &wc, x, m, y);
+                }
+                double dt = (now_s() - t0) / copies;
+                if (dt < best) best = dt;
+            }
+            printf("| %lld | %.4f | %.1f |\n", (long long)m, best * 1e3, (double)bytes / best * 1e-9);
+            p = strchr(p, ',');
+            if (!p) break;
+            p++;
+        }
+        free(many);
     }
     kern_scratch_free(&ks);
     threadpool_free(pool);

@@ -6,9 +6,10 @@
  * one and batch-invariant bit for bit.
  * Quantized weights: every vec_dot level the CPU has (portable, AVX2, AVX-512,
  * VNNI) against the portable one and against float64 over the dequantized
- * operands; kern_matmul on quantized weights (integer and sgemm paths) against
- * float64 over dequant(W) and dequant(q8(x)), and against the f32 product
- * within the per-format tolerance of docs/quantization.md.
+ * operands; kern_matmul on quantized weights (row dots, sgemm and q-panel
+ * paths) against float64 over dequant(W) and dequant(q8(x)), and against the
+ * f32 product within the per-format tolerance of docs/quantization.md.
+ * (The q-panel kernels themselves: tests/engine/kernels/test_qpanel.c.)
  */
 #include <math.h>
 #include <setjmp.h>
@@ -297,10 +298,13 @@ static double matmul_tolerance(enum quant_type t) {
     }
 }
 
+/* qdot_max_tokens < 0: through the weight's q-panels (as a loaded model). */
 static void check_qmatmul(struct threadpool *pool, enum quant_type t, int64_t k, int64_t n,
                           int64_t n_tokens, int32_t qdot_max_tokens) {
     const struct quant_traits *tr = quant_traits(t);
     const struct quant_traits *vd = quant_traits(tr->vec_dot_type);
+    // the same data for every path of a case, whatever ran before it
+    rng_state = (uint32_t)(t * 7919 + k * 31 + n * 17 + n_tokens);
     float *wf = malloc((size_t)(k * n) * sizeof(float));
     float *wd = malloc((size_t)(k * n) * sizeof(float));
     uint8_t *data = malloc(quant_row_size(t, k) * (size_t)n);
@@ -311,6 +315,13 @@ static void check_qmatmul(struct threadpool *pool, enum quant_type t, int64_t k,
     }
     struct tensor w = {.type = t, .n_dims = 2, .ne = {k, n, 1, 1},
                        .row_bytes = quant_row_size(t, k), .data = data};
+    void *pw = NULL;
+    if (qdot_max_tokens < 0) {
+        pw = aligned_alloc(64, kern_panel_bytes(&w));
+        kern_panel_pack(&w, pw);
+        w.panels = pw;
+        qdot_max_tokens = KERN_QDOT_MAX_TOKENS;
+    }
     float *x = malloc((size_t)(n_tokens * k) * sizeof(float));
     float *xd = malloc((size_t)(n_tokens * k) * sizeof(float));
     void *xq = malloc(quant_row_size(tr->vec_dot_type, k));
@@ -350,6 +361,7 @@ static void check_qmatmul(struct threadpool *pool, enum quant_type t, int64_t k,
                  max_dev / rms, matmul_tolerance(t));
     }
     kern_scratch_free(&ks);
+    free(pw);
     free(wf);
     free(wd);
     free(data);
@@ -368,9 +380,12 @@ static void test_kernels_quantized_matmul_matches_float64(void **state) {
         kern_dispatch_init(portable == 1);
         for (size_t ti = 0; ti < N_QTYPES; ti++) {
             for (size_t ni = 0; ni < sizeof(tokens) / sizeof(tokens[0]); ni++) {
-                // the default (integer dots at every size), and the sgemm path
-                for (int path = 0; path < 2; path++) {
-                    int32_t qmax = path ? (tokens[ni] < 16 ? 0 : 16) : KERN_QDOT_MAX_TOKENS;
+                // integer row dots at every size, the sgemm path, and q-panels
+                for (int path = 0; path < 3; path++) {
+                    if (path == 2 && !kern_qpanel_supports(qtypes[ti])) continue;
+                    int32_t qmax = path == 0   ? KERN_QDOT_MAX_TOKENS
+                                   : path == 1 ? (tokens[ni] < 16 ? 0 : 16)
+                                               : -1;
                     check_qmatmul(pool, qtypes[ti], 256, 67, tokens[ni], qmax);
                     check_qmatmul(pool, qtypes[ti], 512, 130, tokens[ni], qmax);
                 }

@@ -4,12 +4,12 @@
  * others arriving at random steps, with and without the prefix cache, with
  * chunked prefill (small token budget) and without, and across preemption
  * (tiny pools). Uses the synthetic models of tests/models/meson.build
- * (llama-f32, llama-swa for a sliding window, llama-q8_0 and llama256-q4_k_m
- * for quantized weights), with f32, f16 and q8_0 KV, and with LoRA and
- * bottleneck adapters (the adapters of tests/models: requests on the base
- * model and four adapters, more adapters than slots, a shared prompt prefix
- * that the prefix cache must not hand from one adapter to another); skips
- * when they are not built.
+ * (llama-f32, llama-swa for a sliding window, llama-q8_0, llama-q4_0 and
+ * llama256-q4_k_m for quantized weights: q-panels), with f32, f16 and q8_0
+ * KV, and with LoRA and bottleneck adapters (the adapters of tests/models:
+ * requests on the base model and four adapters, more adapters than slots, a
+ * shared prompt prefix that the prefix cache must not hand from one adapter
+ * to another); skips when they are not built.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -226,20 +226,21 @@ static void test_batch_invariance_sliding_window(void **state) {
     check("llama-swa.gguf", 302, 16, 12, 32, true, NULL);
 }
 
-/* Quantized weights: activations are rounded to 8 bits per token, so a
- * token's logits do not depend on which other tokens share its batch. */
+/* Quantized weights: activations are rounded to 8 bits per token and the
+ * q-panel products compute every (row, token) by the same operations at any
+ * batch size, so a token's logits do not depend on its batch. */
 static void test_batch_invariance_quantized(void **state) {
     (void)state;
     const char *dir = testutil_path(testutil_build_dir(), "tests/models");
-    const char *names[] = {"llama-q8_0.gguf", "llama256-q4_k_m.gguf"};
-    for (int k = 0; k < 2; k++) {
+    const char *names[] = {"llama-q8_0.gguf", "llama256-q4_k_m.gguf", "llama-q4_0.gguf"};
+    for (int k = 0; k < 3; k++) {
         if (!testutil_exists(testutil_path(dir, names[k]))) {
             printf("skipping: %s/%s not built\n", dir, names[k]);
             skip();
             return;
         }
     }
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 3; k++) {
         check(names[k], 400, 16, 1024, 512, true, NULL);
         check(names[k], 401, 16, 1024, 13, false, NULL);  // chunked prefill
         check(names[k], 402, 64, 1024, 512, false, NULL);
