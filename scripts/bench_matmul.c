@@ -125,7 +125,7 @@ int main(int argc, char **argv) {
     const size_t act_row = kern_qpanel_act_bytes((enum quant_type)type, k);
     uint8_t *act = malloc(act_row * (size_t)max_tokens);
     for (int64_t t = 0; t < max_tokens; t++) {
-        kern_qpanel_act_quantize((enum quant_type)type, x + t * k, k, act + (size_t)t * act_row);
+        kern_qpanel_ref_act((enum quant_type)type, x + t * k, k, act + (size_t)t * act_row);
     }
     const int64_t n_panels = (n + KERN_PANEL_ROWS - 1) / KERN_PANEL_ROWS;
     for (const char *p = tlist; *p;) {

@@ -126,8 +126,9 @@ static void qact_slice(void *arg, int64_t t0, int64_t t1, int32_t ith, int32_t n
     const struct matmul_job *j = arg;
     const int64_t k = j->w->ne[0];
     uint8_t *act = j->scratch->act;
+    const kern_qpanel_act_fn quantize = kern_get()->qpanel_act;
     for (int64_t t = t0; t < t1; t++) {
-        kern_qpanel_act_quantize(j->w->type, j->x + t * k, k, act + (size_t)t * j->xq_row);
+        quantize(j->w->type, j->x + t * k, k, act + (size_t)t * j->xq_row);
     }
 }
 

@@ -37,6 +37,7 @@ static struct kern_dispatch kern_table = {
         [QUANT_Q4_K] = kern_qpanel_ref_q4_K,
         [QUANT_Q6_K] = kern_qpanel_ref_q6_K,
     },
+    .qpanel_act = kern_qpanel_ref_act,
 };
 
 enum kern_isa kern_isa_detect(void) {
@@ -130,6 +131,12 @@ void kern_qpanel_table(enum kern_isa isa, kern_qpanel_fn out[QUANT_TYPE_COUNT]) 
     }
 }
 
+kern_qpanel_act_fn kern_qpanel_act_select(enum kern_isa isa) {
+    if (isa >= KERN_ISA_AVX512) return kern_qpanel_avx512_act;
+    if (isa >= KERN_ISA_AVX2) return kern_qpanel_avx2_act;
+    return kern_qpanel_ref_act;
+}
+
 const struct kern_dispatch *kern_dispatch_init(bool force_portable) {
     struct kern_dispatch t = {
         .isa = "portable",
@@ -155,6 +162,7 @@ const struct kern_dispatch *kern_dispatch_init(bool force_portable) {
     kern_panel_table(t.isa_panel, &t.panel);
     t.isa_qpanel = t.isa_quant;
     kern_qpanel_table(t.isa_qpanel, t.qpanel);
+    t.qpanel_act = kern_qpanel_act_select(t.isa_qpanel);
     kern_table = t;
     atomic_thread_fence(memory_order_release);
     return &kern_table;

@@ -43,9 +43,14 @@ struct kern_panel {
 /* y[t][16 p0 .. min(16 p1, n)) = W . act[t] for t < n_tokens over q-panels
  * [p0, p1) of pw, a quantized [k, n] weight packed by kern_panel_pack(); xq
  * holds n_tokens activation rows of kern_qpanel_act_bytes(type, k) bytes
- * written by kern_qpanel_act_quantize(), y is [n_tokens][n]. */
+ * written by a kern_qpanel_act_fn, y is [n_tokens][n]. */
 typedef void (*kern_qpanel_fn)(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
                                int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+
+/* Writes the activation row of x[k] for q-panel products over weights of
+ * type t (see "q-panels": kern_qpanel_ref_act and its SIMD twins). */
+typedef void (*kern_qpanel_act_fn)(enum quant_type t, const float *restrict x, int64_t k,
+                                   void *restrict dst);
 
 /* Converts n elements of a row of type t (f32, f16, bf16) to f32. */
 typedef void (*kern_to_f32_fn)(const void *restrict src, float *restrict dst, int64_t n);
@@ -78,6 +83,7 @@ struct kern_dispatch {
     struct kern_panel panel;
     enum kern_isa isa_qpanel;                      // level of the q-panel products
     kern_qpanel_fn qpanel[QUANT_TYPE_COUNT];       // by weight type; NULL: no q-panels
+    kern_qpanel_act_fn qpanel_act;                 // activations for the q-panel products
 };
 
 /* The highest level this CPU supports (CPUID), whatever was dispatched. */
@@ -235,7 +241,7 @@ size_t kern_qpanel_stride(enum quant_type t, int64_t k);
 void kern_qpanel_pack(const struct tensor *w, void *dst);
 
 /* Bytes of one activation row of k elements for weights of type t (a
- * multiple of 64): kern_qpanel_act_quantize() writes it. */
+ * multiple of 64) that a kern_qpanel_act_fn writes. */
 size_t kern_qpanel_act_bytes(enum quant_type t, int64_t k);
 
 /* The fields of one activation row. q8_0 partners (q8_0, q4_0, q5_0, q4_1,
@@ -277,10 +283,18 @@ static inline struct kern_qact kern_qact_view(enum quant_type t, const void *row
     return a;
 }
 
-/* Quantizes x[k] to the partner type of weight type t (per block, as
- * quant_traits(vec_dot_type)->from_f32) into dst (kern_qpanel_act_bytes()). */
-void kern_qpanel_act_quantize(enum quant_type t, const float *restrict x, int64_t k,
-                              void *restrict dst);
+/* Quantizes x[k] to the partner type of weight type t (per block, exactly as
+ * quant_traits(vec_dot_type)->from_f32 rounds) into the activation row dst
+ * (kern_qpanel_act_bytes()). Every level writes the same bytes. */
+void kern_qpanel_ref_act(enum quant_type t, const float *restrict x, int64_t k,
+                         void *restrict dst);
+void kern_qpanel_avx2_act(enum quant_type t, const float *restrict x, int64_t k,
+                          void *restrict dst);
+void kern_qpanel_avx512_act(enum quant_type t, const float *restrict x, int64_t k,
+                            void *restrict dst);
+
+/* The activation quantizer of one level (VNNI uses the AVX-512 one). */
+kern_qpanel_act_fn kern_qpanel_act_select(enum kern_isa isa);
 
 /* The q-panel products of one level, by weight type (NULL where a type has
  * none; levels without their own kernel for a type use the level below). */

@@ -82,8 +82,8 @@ size_t kern_qpanel_act_bytes(enum quant_type t, int64_t k) {
     return (bytes + 63) / 64 * 64;
 }
 
-void kern_qpanel_act_quantize(enum quant_type t, const float *restrict x, int64_t k,
-                              void *restrict dst) {
+void kern_qpanel_ref_act(enum quant_type t, const float *restrict x, int64_t k,
+                         void *restrict dst) {
     const enum quant_type vt = quant_traits(t)->vec_dot_type;
     const struct quant_traits *vd = quant_traits(vt);
     struct kern_qact a = kern_qact_view(t, dst, k);

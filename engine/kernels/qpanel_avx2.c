@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "engine/kernels/kernels.h"
+#include "engine/quant.h"
 
 #define QPANEL_CHUNK_BYTES (256 * 1024)  // activations of a chunk of tokens, kept in L2
 
@@ -273,4 +274,73 @@ void kern_qpanel_avx2_q6_K(const void *restrict xq, int64_t n_tokens, const void
                            int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y) {
     static const qtile_fn tiles[] = {tile_q6_K_1, tile_q6_K_2, tile_q6_K_3};
     run(QUANT_Q6_K, tiles, 3, 3072, xq, n_tokens, pw, k, n, p0, p1, y);
+}
+
+/* ---- activations: quant.c's q8_0/q8_1/q8_K rounding, 8 lanes at a time -------- */
+
+/* 8 rounded values of x * id in [-127, 127] (to nearest even, as lrintf). */
+static inline __m256i round8(const float *x, float id) {
+    __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), _mm256_set1_ps(id)));
+    return _mm256_max_epi32(_mm256_min_epi32(q, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
+}
+
+static inline float max_abs(const float *x, int n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+/* Stores 16 values (two round8 results) as int8 at dst; returns their sum. */
+static inline int32_t store16(int8_t *dst, __m256i q0, __m256i q1) {
+    const __m256i w = _mm256_packs_epi32(q0, q1);              // 16 x int16, lanes interleaved
+    const __m128i b = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+    // order after the two packs: q0[0..3] q1[0..3] q0[4..7] q1[4..7]
+    _mm_storeu_si128((__m128i *)dst, _mm_shuffle_epi32(b, _MM_SHUFFLE(3, 1, 2, 0)));
+    __m256i s = _mm256_add_epi32(q0, q1);
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(1, 0, 3, 2)));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(h);
+}
+
+void kern_qpanel_avx2_act(enum quant_type t, const float *restrict x, int64_t k,
+                          void *restrict dst) {
+    struct kern_qact a = kern_qact_view(t, dst, k);
+    int8_t *qs = (int8_t *)a.qs;
+    float *d = (float *)a.d;
+    if (quant_traits(t)->vec_dot_type == QUANT_Q8_K) {
+        int32_t *n32 = (int32_t *)a.n32, *n4 = (int32_t *)a.n4;
+        int16_t *b16 = (int16_t *)a.b16, *b32 = (int16_t *)a.b32;
+        for (int64_t ib = 0; ib < k / QK_K; ib++, x += QK_K) {
+            const float db = max_abs(x, QK_K) / 127.0f;
+            const float id = db != 0.0f ? 1.0f / db : 0.0f;
+            d[ib] = db;
+            for (int j = 0; j < 16; j++) {
+                const int32_t sum = store16(qs + ib * QK_K + 16 * j, round8(x + 16 * j, id),
+                                            round8(x + 16 * j + 8, id));
+                n32[16 * ib + j] = -32 * sum;
+                n4[16 * ib + j] = -4 * sum;
+                b16[16 * ib + j] = (int16_t)sum;
+                if (j % 2) b32[8 * ib + j / 2] = (int16_t)(b16[16 * ib + j - 1] + sum);
+            }
+        }
+        return;
+    }
+    int32_t *n8 = (int32_t *)a.n8, *n16 = (int32_t *)a.n16, *n128 = (int32_t *)a.n128;
+    float *fs = (float *)a.fs;
+    for (int64_t ib = 0; ib < k / QK8_0; ib++, x += QK8_0) {
+        const float db = max_abs(x, QK8_0) / 127.0f;
+        const float id = db != 0.0f ? 1.0f / db : 0.0f;
+        d[ib] = quant_f16_to_f32(quant_f32_to_f16(db));
+        const int32_t sum = store16(qs + ib * QK8_0, round8(x, id), round8(x + 8, id)) +
+                            store16(qs + ib * QK8_0 + 16, round8(x + 16, id), round8(x + 24, id));
+        n8[ib] = -8 * sum;
+        n16[ib] = -16 * sum;
+        n128[ib] = -128 * sum;
+        fs[ib] = (float)sum;
+    }
 }

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "engine/kernels/kernels.h"
+#include "engine/quant.h"
 
 #ifdef KERN_VNNI
 #define QFN(name) kern_qpanel_vnni_##name
@@ -369,6 +370,8 @@ static void run(enum quant_type t, const qtile_fn *tiles, int mr_max, int np_max
 }
 
 // clang-format off
+/* Every tile of up to 4 tokens x 2 panels (4 x 2 measured as good as 6 x 2,
+ * 5 x 2, 8 x 1 and 3 x 3 within noise), and their table by [np - 1][mr - 1]. */
 #define TILES_4x2(TILE) \
     TILE(1, 1) TILE(2, 1) TILE(3, 1) TILE(4, 1) TILE(1, 2) TILE(2, 2) TILE(3, 2) TILE(4, 2)
 #define TABLE_4x2(NAME) { \
@@ -392,3 +395,64 @@ QPANEL_FN(q8_0, QUANT_Q8_0)
 QPANEL_FN(q4_0, QUANT_Q4_0)
 QPANEL_FN(q4_K, QUANT_Q4_K)
 QPANEL_FN(q6_K, QUANT_Q6_K)
+
+#ifndef KERN_VNNI
+/* ---- activations: the rounding of quant.c's q8_0/q8_1/q8_K from_f32 (max |x|,
+ * d = max / 127, q = lrint(x / d) within +-127, in float), 16 lanes at a
+ * time; the scale's f16 conversion is quant.c's own. ------------------------- */
+
+/* 16 rounded values of x * id in [-127, 127] (the current rounding mode is
+ * lrintf's: to nearest even). */
+static inline __m512i round16(const float *x, float id) {
+    __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x), _mm512_set1_ps(id)));
+    return _mm512_max_epi32(_mm512_min_epi32(q, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+}
+
+static inline float max_abs(const float *x, int n) {
+    __m512 m = _mm512_setzero_ps();
+    for (int i = 0; i < n; i += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
+    return _mm512_reduce_max_ps(m);
+}
+
+void kern_qpanel_avx512_act(enum quant_type t, const float *restrict x, int64_t k,
+                            void *restrict dst) {
+    struct kern_qact a = kern_qact_view(t, dst, k);
+    int8_t *qs = (int8_t *)a.qs;
+    float *d = (float *)a.d;
+    if (quant_traits(t)->vec_dot_type == QUANT_Q8_K) {
+        int32_t *n32 = (int32_t *)a.n32, *n4 = (int32_t *)a.n4;
+        int16_t *b16 = (int16_t *)a.b16, *b32 = (int16_t *)a.b32;
+        for (int64_t ib = 0; ib < k / QK_K; ib++, x += QK_K) {
+            const float db = max_abs(x, QK_K) / 127.0f;
+            const float id = db != 0.0f ? 1.0f / db : 0.0f;
+            d[ib] = db;
+            for (int j = 0; j < 16; j++) {
+                const __m512i q = round16(x + 16 * j, id);
+                _mm_storeu_si128((__m128i *)(qs + ib * QK_K + 16 * j), _mm512_cvtsepi32_epi8(q));
+                const int32_t sum = _mm512_reduce_add_epi32(q);
+                n32[16 * ib + j] = -32 * sum;
+                n4[16 * ib + j] = -4 * sum;
+                b16[16 * ib + j] = (int16_t)sum;
+                if (j % 2) b32[8 * ib + j / 2] = (int16_t)(b16[16 * ib + j - 1] + sum);
+            }
+        }
+        return;
+    }
+    int32_t *n8 = (int32_t *)a.n8, *n16 = (int32_t *)a.n16, *n128 = (int32_t *)a.n128;
+    float *fs = (float *)a.fs;
+    for (int64_t ib = 0; ib < k / QK8_0; ib++, x += QK8_0) {
+        const float db = max_abs(x, QK8_0) / 127.0f;
+        const float id = db != 0.0f ? 1.0f / db : 0.0f;
+        d[ib] = quant_f16_to_f32(quant_f32_to_f16(db));
+        const __m512i q0 = round16(x, id);
+        const __m512i q1 = round16(x + 16, id);
+        _mm_storeu_si128((__m128i *)(qs + ib * QK8_0), _mm512_cvtsepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(qs + ib * QK8_0 + 16), _mm512_cvtsepi32_epi8(q1));
+        const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        n8[ib] = -8 * sum;
+        n16[ib] = -16 * sum;
+        n128[ib] = -128 * sum;
+        fs[ib] = (float)sum;
+    }
+}
+#endif

@@ -1,6 +1,7 @@
 /*
  * test_qpanel.c - the q-panels of quantized weights (engine/kernels/qpanel*.c):
- *   - activation rows hold exactly the partner type's quantization;
+ *   - activation rows hold exactly the partner type's quantization, and every
+ *     level's quantizer writes the same bytes;
  *   - the portable q-panel product equals the row dots (kern_vec_dot_fn) and
  *     float64 over the dequantized operands within 1e-5 of sum |w x|;
  *   - every SIMD level the CPU has equals the portable product bit for bit,
@@ -101,7 +102,7 @@ static void make_acts(enum quant_type t, int64_t k, int64_t n_tokens, uint8_t **
     float *x = malloc((size_t)k * sizeof(float));
     for (int64_t tt = 0; tt < n_tokens; tt++) {
         for (int64_t i = 0; i < k; i++) x[i] = frand() * (i % 7 == 0 ? 4.0f : 1.0f);
-        kern_qpanel_act_quantize(t, x, k, *act + (size_t)tt * act_row);
+        kern_qpanel_ref_act(t, x, k, *act + (size_t)tt * act_row);
         quant_traits(vt)->from_f32(x, *xq + (size_t)tt * xq_row, k);
     }
     free(x);
@@ -149,6 +150,38 @@ static void test_qpanel_act_rows_hold_the_partner_quantization(void **state) {
         free(act);
         free(xq);
     }
+}
+
+/* Every level's activation quantizer writes the portable one's bytes, on
+ * random rows with zero blocks, a lone large value, and halfway ties. */
+static void test_qpanel_act_every_isa_writes_the_same_bytes(void **state) {
+    (void)state;
+    const int64_t k = 1024;
+    float *x = malloc((size_t)k * sizeof(float));
+    for (int64_t i = 0; i < k; i++) x[i] = frand() * (i % 7 == 0 ? 4.0f : 1.0f);
+    for (int64_t i = 0; i < 32; i++) x[i] = 0.0f;            // a zero q8_0 block
+    x[300] = 1e4f;                                            // one value dominates its block
+    for (int64_t i = 512; i < 544; i++) x[i] = (float)(i - 528) * 0.25f;  // x / d on .5 ties
+    x[543] = 127.0f / 2.0f;
+    const enum kern_isa top = kern_isa_detect();
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        const enum quant_type t = types[ti];
+        const size_t bytes = kern_qpanel_act_bytes(t, k);
+        uint8_t *want = calloc(1, bytes);
+        uint8_t *got = malloc(bytes);
+        kern_qpanel_ref_act(t, x, k, want);
+        for (int isa = KERN_ISA_AVX2; isa <= (int)top; isa++) {
+            memset(got, 0, bytes);
+            kern_qpanel_act_select((enum kern_isa)isa)(t, x, k, got);
+            if (memcmp(got, want, bytes) != 0) {
+                fail_msg("%s %s: activation rows differ from the portable ones", quant_name(t),
+                         kern_isa_name((enum kern_isa)isa));
+            }
+        }
+        free(want);
+        free(got);
+    }
+    free(x);
 }
 
 /* The portable q-panel product against the portable row dots and float64
@@ -276,6 +309,7 @@ static void test_qpanel_every_isa_bit_identical_and_batch_invariant(void **state
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qpanel_act_rows_hold_the_partner_quantization),
+        cmocka_unit_test(test_qpanel_act_every_isa_writes_the_same_bytes),
         cmocka_unit_test(test_qpanel_portable_matches_row_dots_and_float64),
         cmocka_unit_test(test_qpanel_every_isa_bit_identical_and_batch_invariant),
     };
