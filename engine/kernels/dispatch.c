@@ -36,6 +36,12 @@ static struct kern_dispatch kern_table = {
         [QUANT_Q4_0] = kern_qpanel_ref_q4_0,
         [QUANT_Q4_K] = kern_qpanel_ref_q4_K,
         [QUANT_Q6_K] = kern_qpanel_ref_q6_K,
+        [QUANT_Q5_0] = kern_qpanel_ref_q5_0,
+        [QUANT_Q4_1] = kern_qpanel_ref_q4_1,
+        [QUANT_Q5_1] = kern_qpanel_ref_q5_1,
+        [QUANT_Q2_K] = kern_qpanel_ref_q2_K,
+        [QUANT_Q3_K] = kern_qpanel_ref_q3_K,
+        [QUANT_Q5_K] = kern_qpanel_ref_q5_K,
     },
     .qpanel_act = kern_qpanel_ref_act,
 };
@@ -111,23 +117,47 @@ void kern_qpanel_table(enum kern_isa isa, kern_qpanel_fn out[QUANT_TYPE_COUNT]) 
     out[QUANT_Q4_0] = kern_qpanel_ref_q4_0;
     out[QUANT_Q4_K] = kern_qpanel_ref_q4_K;
     out[QUANT_Q6_K] = kern_qpanel_ref_q6_K;
+    out[QUANT_Q5_0] = kern_qpanel_ref_q5_0;
+    out[QUANT_Q4_1] = kern_qpanel_ref_q4_1;
+    out[QUANT_Q5_1] = kern_qpanel_ref_q5_1;
+    out[QUANT_Q2_K] = kern_qpanel_ref_q2_K;
+    out[QUANT_Q3_K] = kern_qpanel_ref_q3_K;
+    out[QUANT_Q5_K] = kern_qpanel_ref_q5_K;
     if (isa >= KERN_ISA_AVX2) {
         out[QUANT_Q8_0] = kern_qpanel_avx2_q8_0;
         out[QUANT_Q4_0] = kern_qpanel_avx2_q4_0;
         out[QUANT_Q4_K] = kern_qpanel_avx2_q4_K;
         out[QUANT_Q6_K] = kern_qpanel_avx2_q6_K;
+        out[QUANT_Q5_0] = kern_qpanel_avx2_q5_0;
+        out[QUANT_Q4_1] = kern_qpanel_avx2_q4_1;
+        out[QUANT_Q5_1] = kern_qpanel_avx2_q5_1;
+        out[QUANT_Q2_K] = kern_qpanel_avx2_q2_K;
+        out[QUANT_Q3_K] = kern_qpanel_avx2_q3_K;
+        out[QUANT_Q5_K] = kern_qpanel_avx2_q5_K;
     }
     if (isa >= KERN_ISA_AVX512) {
         out[QUANT_Q8_0] = kern_qpanel_avx512_q8_0;
         out[QUANT_Q4_0] = kern_qpanel_avx512_q4_0;
         out[QUANT_Q4_K] = kern_qpanel_avx512_q4_K;
         out[QUANT_Q6_K] = kern_qpanel_avx512_q6_K;
+        out[QUANT_Q5_0] = kern_qpanel_avx512_q5_0;
+        out[QUANT_Q4_1] = kern_qpanel_avx512_q4_1;
+        out[QUANT_Q5_1] = kern_qpanel_avx512_q5_1;
+        out[QUANT_Q2_K] = kern_qpanel_avx512_q2_K;
+        out[QUANT_Q3_K] = kern_qpanel_avx512_q3_K;
+        out[QUANT_Q5_K] = kern_qpanel_avx512_q5_K;
     }
     if (isa >= KERN_ISA_VNNI) {
         out[QUANT_Q8_0] = kern_qpanel_vnni_q8_0;
         out[QUANT_Q4_0] = kern_qpanel_vnni_q4_0;
         out[QUANT_Q4_K] = kern_qpanel_vnni_q4_K;
         out[QUANT_Q6_K] = kern_qpanel_vnni_q6_K;
+        out[QUANT_Q5_0] = kern_qpanel_vnni_q5_0;
+        out[QUANT_Q4_1] = kern_qpanel_vnni_q4_1;
+        out[QUANT_Q5_1] = kern_qpanel_vnni_q5_1;
+        out[QUANT_Q2_K] = kern_qpanel_vnni_q2_K;
+        out[QUANT_Q3_K] = kern_qpanel_vnni_q3_K;
+        out[QUANT_Q5_K] = kern_qpanel_vnni_q5_K;
     }
 }
 

@@ -308,6 +308,54 @@ void kern_qpanel_ref_q4_K(const void *restrict xq, int64_t n_tokens, const void 
                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
 void kern_qpanel_ref_q6_K(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_avx2_q5_0(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_avx2_q4_1(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_avx2_q5_1(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_avx2_q2_K(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_avx2_q3_K(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_avx2_q5_K(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_avx512_q5_0(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                             int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_avx512_q4_1(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                             int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_avx512_q5_1(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                             int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_avx512_q2_K(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                             int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_avx512_q3_K(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                             int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_avx512_q5_K(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                             int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_vnni_q5_0(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_vnni_q4_1(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_vnni_q5_1(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_vnni_q2_K(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_vnni_q3_K(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_vnni_q5_K(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_ref_q5_0(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                          int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_ref_q4_1(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                          int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_ref_q5_1(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                          int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_ref_q2_K(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                          int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_ref_q3_K(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                          int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_ref_q5_K(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                          int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
 void kern_qpanel_avx2_q8_0(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
                            int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
 void kern_qpanel_avx2_q4_0(const void *restrict xq, int64_t n_tokens, const void *restrict pw,

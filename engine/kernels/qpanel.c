@@ -30,6 +30,25 @@
  *   meta: d[16] f16, sc[16][16] i8.
  *   per super-block: s = 0; for j < 16: s = fmaf((float)i_j, d_w * sc_j, s)
  *   (i_j = sum of (q - 32) x); acc = fmaf(s, d_x, acc).
+ * q5_0: q4_0's 4 chunks and a fifth: the high bit of k = 4 g + b at bit
+ *   8 b + g of the row's 4 bytes (so group g's bits move to bit 4 of each
+ *   byte with one shift). meta: d[16] f16. per block: as q4_0 with q - 16.
+ * q4_1, q5_1: the chunks of q4_0, q5_0. meta: d[16] f16, m[16] f16.
+ *   per block: acc = fmaf((float)i, d_w * d_x, acc), i = sum of q x;
+ *   acc = fmaf((float)s_x, m_w * d_x, acc), s_x the block sum of the x.
+ * q5_K: q4_K's 32 chunks, then 8 of high bits: chunk 32 + j has sub-block
+ *   j's, the bit of k = 32 j + 4 t + b at bit 8 b + t. meta and per
+ *   super-block: as q4_K.
+ * q3_K: 16 chunks of 2-bit values, chunk j = sub-block j (group 4 j + i in
+ *   bits 2 i, 2 i + 1), then 8 of high bits: chunk 16 + h has sub-blocks 2 h
+ *   and 2 h + 1, the bit of k = 16 j + 4 i + b at bit 8 b + 4 (j % 2) + i.
+ *   meta: d[16] f16, sc[16][16] i8 (the 6-bit scale - 32).
+ *   per super-block: as q6_K with i_j = sum of (q - 4) x.
+ * q2_K: 16 chunks of 2-bit values as q3_K's. meta: d[16] f16, dmin[16] f16,
+ *   scm[8][16][2] u8 (GGUF's scale | min << 4 of sub-blocks 2 i, 2 i + 1 of
+ *   each row side by side). per super-block: s = 0; for j < 16: s =
+ *   fmaf((float)i_j, d_w * sc_j, s) (i_j = sum of q x); s = fmaf((float)-mn,
+ *   dmin_w, s) (mn = sum_j m_j bsum16_j); acc = fmaf(s, d_x, acc).
  *
  * d_w * sc_j is exact (11 + 6 significant bits). Rows past n are packed as
  * zeros (scales 0) and never stored.
@@ -54,6 +73,12 @@ static bool layout_of(enum quant_type t, struct qpanel_layout *out) {
     case QUANT_Q4_0: *out = (struct qpanel_layout){QK4_0, 4 * 64, 32}; return true;
     case QUANT_Q4_K: *out = (struct qpanel_layout){QK_K, 32 * 64, 64 + 128 + 128}; return true;
     case QUANT_Q6_K: *out = (struct qpanel_layout){QK_K, 48 * 64, 32 + 256}; return true;
+    case QUANT_Q5_0: *out = (struct qpanel_layout){QK5_0, 5 * 64, 32}; return true;
+    case QUANT_Q4_1: *out = (struct qpanel_layout){QK4_1, 4 * 64, 64}; return true;
+    case QUANT_Q5_1: *out = (struct qpanel_layout){QK5_1, 5 * 64, 64}; return true;
+    case QUANT_Q5_K: *out = (struct qpanel_layout){QK_K, 40 * 64, 64 + 128 + 128}; return true;
+    case QUANT_Q3_K: *out = (struct qpanel_layout){QK_K, 24 * 64, 32 + 256}; return true;
+    case QUANT_Q2_K: *out = (struct qpanel_layout){QK_K, 16 * 64, 64 + 256}; return true;
     default: return false;
     }
 }
@@ -140,6 +165,17 @@ static int q6_value(const struct block_q6_K *b, int e) {
     return lo | hi << 4;
 }
 
+/* The 2-bit value of element e of a q2_K/q3_K block (qs of 64 bytes). */
+static int q2_value(const uint8_t *qs, int e) {
+    return (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+}
+
+/* Sets bit 8 b + g of the row's 4 bytes at c (4 r already added) for the
+ * value at group g, lane b. */
+static void put_hbit(uint8_t *c, int g, int b, int bit) {
+    c[b] = (uint8_t)(c[b] | bit << g);
+}
+
 /* Writes one panel-block of type t: q (l.q_bytes) and m (l.m_bytes) from the
  * blocks blk[r] of the panel's rows (NULL past n: zeros). */
 static void pack_block(enum quant_type t, const void *const blk[KERN_PANEL_ROWS], uint8_t *q,
@@ -189,6 +225,74 @@ static void pack_block(enum quant_type t, const void *const blk[KERN_PANEL_ROWS]
                 m[32 + 16 * j + r] = (uint8_t)b->scales[j];
             }
             memcpy(m + 2 * r, &b->d, 2);
+            break;
+        }
+        case QUANT_Q5_0:
+        case QUANT_Q5_1: {
+            const uint8_t *qs, *qh;
+            if (t == QUANT_Q5_0) {
+                const struct block_q5_0 *b = blk[r];
+                qs = b->qs, qh = b->qh;
+                memcpy(m + 2 * r, &b->d, 2);
+            } else {
+                const struct block_q5_1 *b = blk[r];
+                qs = b->qs, qh = b->qh;
+                memcpy(m + 2 * r, &b->d, 2);
+                memcpy(m + 32 + 2 * r, &b->m, 2);
+            }
+            for (int c = 0; c < 4; c++) memcpy(q + 64 * c + 4 * r, qs + 4 * c, 4);
+            for (int e = 0; e < 32; e++) put_hbit(q + 256 + 4 * r, e / 4, e % 4, (qh[e / 8] >> (e % 8)) & 1);
+            break;
+        }
+        case QUANT_Q4_1: {
+            const struct block_q4_1 *b = blk[r];
+            for (int c = 0; c < 4; c++) memcpy(q + 64 * c + 4 * r, b->qs + 4 * c, 4);
+            memcpy(m + 2 * r, &b->d, 2);
+            memcpy(m + 32 + 2 * r, &b->m, 2);
+            break;
+        }
+        case QUANT_Q5_K: {
+            const struct block_q5_K *b = blk[r];
+            for (int c = 0; c < 32; c++) memcpy(q + 64 * c + 4 * r, b->qs + 4 * c, 4);
+            for (int e = 0; e < QK_K; e++) {
+                const int j = e / 32, l = e % 32;
+                put_hbit(q + 64 * (32 + j) + 4 * r, l / 4, l % 4, (b->qh[l] >> j) & 1);
+            }
+            memcpy(m + 2 * r, &b->d, 2);
+            memcpy(m + 32 + 2 * r, &b->dmin, 2);
+            for (int j = 0; j < 8; j++) {
+                uint8_t sc, mn;
+                quant_get_scale_min_k4(j, b->scales, &sc, &mn);
+                m[64 + 16 * j + r] = sc;
+                m[192 + 32 * (j / 2) + 2 * r + j % 2] = mn;
+            }
+            break;
+        }
+        case QUANT_Q3_K: {
+            const struct block_q3_K *b = blk[r];
+            for (int e = 0; e < QK_K; e++) {
+                const int j = e / 16, i = (e % 16) / 4, l = e % 4;
+                q[64 * j + 4 * r + l] = (uint8_t)(q[64 * j + 4 * r + l] | q2_value(b->qs, e) << (2 * i));
+                put_hbit(q + 64 * (16 + j / 2) + 4 * r, 4 * (j % 2) + i, l,
+                         (b->hmask[e % 32] >> (e / 32)) & 1);
+            }
+            const uint8_t *sc = b->scales;
+            for (int j = 0; j < 16; j++) {
+                const int v = ((sc[j % 8] >> (4 * (j / 8))) & 15) | ((sc[8 + j % 4] >> (2 * (j / 4))) & 3) << 4;
+                m[32 + 16 * j + r] = (uint8_t)(int8_t)(v - 32);
+            }
+            memcpy(m + 2 * r, &b->d, 2);
+            break;
+        }
+        case QUANT_Q2_K: {
+            const struct block_q2_K *b = blk[r];
+            for (int e = 0; e < QK_K; e++) {
+                const int j = e / 16, i = (e % 16) / 4, l = e % 4;
+                q[64 * j + 4 * r + l] = (uint8_t)(q[64 * j + 4 * r + l] | q2_value(b->qs, e) << (2 * i));
+            }
+            for (int j = 0; j < 16; j++) m[64 + 32 * (j / 2) + 2 * r + j % 2] = b->scales[j];
+            memcpy(m + 2 * r, &b->d, 2);
+            memcpy(m + 32 + 2 * r, &b->dmin, 2);
             break;
         }
         default: UNREACHABLE();
@@ -310,5 +414,100 @@ QPANEL_REF(kern_qpanel_ref_q6_K, QUANT_Q6_K, QK_K, 3072, 288, {
         }
         s = fmaf((float)i, d * (float)(int8_t)m[32 + 16 * j + r], s);
     }
+    acc = fmaf(s, a.d[ib], acc);
+})
+
+/* The 5th bit of k = 4 g + b from a chunk of high bits (bit 8 b + g). */
+static int hbit(const uint8_t *c, int r, int g, int b) { return (c[4 * r + b] >> g) & 1; }
+
+QPANEL_REF(kern_qpanel_ref_q5_0, QUANT_Q5_0, QK5_0, 320, 32, {
+    int32_t i = a.n16[ib];
+    for (int c = 0; c < 4; c++) {
+        for (int b = 0; b < 4; b++) {
+            const uint8_t v = q[64 * c + 4 * r + b];
+            i += ((v & 15) | hbit(q + 256, r, c, b) << 4) * x[4 * c + b];
+            i += ((v >> 4) | hbit(q + 256, r, c + 4, b) << 4) * x[16 + 4 * c + b];
+        }
+    }
+    acc = fmaf((float)i, h2f(m + 2 * r) * a.d[ib], acc);
+})
+
+QPANEL_REF(kern_qpanel_ref_q4_1, QUANT_Q4_1, QK4_1, 256, 64, {
+    int32_t i = 0;
+    for (int c = 0; c < 4; c++) {
+        for (int b = 0; b < 4; b++) {
+            const uint8_t v = q[64 * c + 4 * r + b];
+            i += (v & 15) * x[4 * c + b] + (v >> 4) * x[16 + 4 * c + b];
+        }
+    }
+    acc = fmaf((float)i, h2f(m + 2 * r) * a.d[ib], acc);
+    acc = fmaf(a.fs[ib], h2f(m + 32 + 2 * r) * a.d[ib], acc);
+})
+
+QPANEL_REF(kern_qpanel_ref_q5_1, QUANT_Q5_1, QK5_1, 320, 64, {
+    int32_t i = 0;
+    for (int c = 0; c < 4; c++) {
+        for (int b = 0; b < 4; b++) {
+            const uint8_t v = q[64 * c + 4 * r + b];
+            i += ((v & 15) | hbit(q + 256, r, c, b) << 4) * x[4 * c + b];
+            i += ((v >> 4) | hbit(q + 256, r, c + 4, b) << 4) * x[16 + 4 * c + b];
+        }
+    }
+    acc = fmaf((float)i, h2f(m + 2 * r) * a.d[ib], acc);
+    acc = fmaf(a.fs[ib], h2f(m + 32 + 2 * r) * a.d[ib], acc);
+})
+
+QPANEL_REF(kern_qpanel_ref_q5_K, QUANT_Q5_K, QK_K, 2560, 320, {
+    const float d = h2f(m + 2 * r);
+    float s = 0.0f;
+    for (int j = 0; j < 8; j++) {
+        const int h = j / 2, shift = 4 * (j % 2);
+        int32_t i = 0;
+        for (int t8 = 0; t8 < 8; t8++) {
+            for (int b = 0; b < 4; b++) {
+                const int v = ((q[64 * (8 * h + t8) + 4 * r + b] >> shift) & 15) |
+                              hbit(q + 64 * (32 + j), r, t8, b) << 4;
+                i += v * x[64 * h + 32 * (j % 2) + 4 * t8 + b];
+            }
+        }
+        s = fmaf((float)i, d * (float)m[64 + 16 * j + r], s);
+    }
+    int32_t mn = 0;
+    for (int j = 0; j < 8; j++) mn += m[192 + 32 * (j / 2) + 2 * r + j % 2] * a.b32[8 * ib + j];
+    s = fmaf((float)-mn, h2f(m + 32 + 2 * r), s);
+    acc = fmaf(s, a.d[ib], acc);
+})
+
+QPANEL_REF(kern_qpanel_ref_q3_K, QUANT_Q3_K, QK_K, 1536, 288, {
+    const float d = h2f(m + 2 * r);
+    float s = 0.0f;
+    for (int j = 0; j < 16; j++) {
+        int32_t i = a.n4[16 * ib + j];
+        for (int g = 0; g < 4; g++) {
+            for (int b = 0; b < 4; b++) {
+                const int v = ((q[64 * j + 4 * r + b] >> (2 * g)) & 3) |
+                              hbit(q + 64 * (16 + j / 2), r, 4 * (j % 2) + g, b) << 2;
+                i += v * x[16 * j + 4 * g + b];
+            }
+        }
+        s = fmaf((float)i, d * (float)(int8_t)m[32 + 16 * j + r], s);
+    }
+    acc = fmaf(s, a.d[ib], acc);
+})
+
+QPANEL_REF(kern_qpanel_ref_q2_K, QUANT_Q2_K, QK_K, 1024, 320, {
+    const float d = h2f(m + 2 * r);
+    float s = 0.0f;
+    int32_t mn = 0;
+    for (int j = 0; j < 16; j++) {
+        const uint8_t scm = m[64 + 32 * (j / 2) + 2 * r + j % 2];
+        int32_t i = 0;
+        for (int g = 0; g < 4; g++) {
+            for (int b = 0; b < 4; b++) i += ((q[64 * j + 4 * r + b] >> (2 * g)) & 3) * x[16 * j + 4 * g + b];
+        }
+        s = fmaf((float)i, d * (float)(scm & 15), s);
+        mn += (scm >> 4) * a.b16[16 * ib + j];
+    }
+    s = fmaf((float)-mn, h2f(m + 32 + 2 * r), s);
     acc = fmaf(s, a.d[ib], acc);
 })

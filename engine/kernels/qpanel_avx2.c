@@ -216,6 +216,235 @@ static inline void store_rows(float *y, __m256 acc, int rows) {
         for (int m = 0; m < MR; m++) store_rows(y + m * ldy, acc[m], rows);                     \
     }
 
+/* The 5th bits of group g (bit 8 b + g of each lane) as 0x10 in each byte. */
+static inline __m256i hbit16(__m256i hb, int g) {
+    const __m256i v = g < 4 ? _mm256_slli_epi32(hb, 4 - g) : _mm256_srli_epi32(hb, g - 4);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+/* The 3rd bits of group g as 0x04 in each byte. */
+static inline __m256i hbit4(__m256i hb, int g) {
+    const __m256i v = g < 2 ? _mm256_slli_epi32(hb, 2 - g) : _mm256_srli_epi32(hb, g - 2);
+    return _mm256_and_si256(v, _mm256_set1_epi8(4));
+}
+
+/* The 2 bits of group i (bits 2 i, 2 i + 1 of each byte) as 0..3. */
+static inline __m256i bits2(__m256i c, int i) {
+    return _mm256_and_si256(i ? _mm256_srli_epi16(c, 2 * i) : c, _mm256_set1_epi8(3));
+}
+
+/* q5_0, q4_1, q5_1 (q4_0's chunks, 5th bits in the chunk after them, mins). */
+#define TILE_B32(NAME, TYPE, QB, MB, HBIT, INIT, MIN, MR)                                       \
+    static void tile_##NAME##_##MR(TILE_ARGS) {                                                 \
+        const int64_t nb = k / 32;                                                              \
+        const __m256i m4 = _mm256_set1_epi8(15);                                                \
+        struct kern_qact a[MR];                                                                 \
+        for (int m = 0; m < MR; m++) a[m] = kern_qact_view(TYPE, xq + m * act_row, k);         \
+        __m256 acc[MR];                                                                         \
+        for (int m = 0; m < MR; m++) acc[m] = _mm256_setzero_ps();                              \
+        for (int64_t ib = 0; ib < nb; ib++) {                                                   \
+            __m256i is[MR], t16[MR];                                                            \
+            for (int m = 0; m < MR; m++) {                                                      \
+                is[m] = INIT(m, ib);                                                            \
+                t16[m] = _mm256_setzero_si256();                                                \
+            }                                                                                   \
+            for (int c = 0; c < 4; c++) {                                                       \
+                const __m256i v = load8(q + ib * (QB) + c * 64);                                \
+                __m256i lo = _mm256_and_si256(v, m4);                                           \
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);                     \
+                if (HBIT) {                                                                     \
+                    const __m256i hb = load8(q + ib * (QB) + 256);                              \
+                    lo = _mm256_or_si256(lo, hbit16(hb, c));                                    \
+                    hi = _mm256_or_si256(hi, hbit16(hb, c + 4));                                \
+                }                                                                               \
+                for (int m = 0; m < MR; m++) {                                                  \
+                    DOT_U8(t16[m], lo, bcast4(a[m].qs + ib * 32 + 4 * c));                      \
+                    DOT_U8(t16[m], hi, bcast4(a[m].qs + ib * 32 + 16 + 4 * c));                 \
+                }                                                                               \
+                if (!(HBIT) ? c == 3 : c % 2 == 1) {  /* 5-bit pairs: four per int16 */         \
+                    for (int m = 0; m < MR; m++) {                                              \
+                        FLUSH16(is[m], t16[m]);                                                 \
+                        t16[m] = _mm256_setzero_si256();                                        \
+                    }                                                                           \
+                }                                                                               \
+            }                                                                                   \
+            const uint8_t *mb = meta + ib * (MB);                                               \
+            const __m256 dw = load_f16x8(mb + 16 * h);                                          \
+            for (int m = 0; m < MR; m++) {                                                      \
+                const __m256 dx = _mm256_set1_ps(a[m].d[ib]);                                   \
+                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[m]), _mm256_mul_ps(dw, dx), acc[m]); \
+                if (MIN) {                                                                      \
+                    acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(a[m].fs[ib]),                       \
+                                             _mm256_mul_ps(load_f16x8(mb + 32 + 16 * h), dx),   \
+                                             acc[m]);                                           \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
+        for (int m = 0; m < MR; m++) store_rows(y + m * ldy, acc[m], rows);                     \
+    }
+
+#define INIT_N16(m, ib) _mm256_set1_epi32(a[m].n16[ib])
+#define INIT_ZERO(m, ib) _mm256_setzero_si256()
+#define TILE_Q5_0(MR) TILE_B32(q5_0, QUANT_Q5_0, 320, 32, 1, INIT_N16, 0, MR)
+#define TILE_Q4_1(MR) TILE_B32(q4_1, QUANT_Q4_1, 256, 64, 0, INIT_ZERO, 1, MR)
+#define TILE_Q5_1(MR) TILE_B32(q5_1, QUANT_Q5_1, 320, 64, 1, INIT_ZERO, 1, MR)
+
+#define TILE_Q5_K(MR)                                                                           \
+    static void tile_q5_K_##MR(TILE_ARGS) {                                                     \
+        const int64_t nb = k / QK_K;                                                            \
+        const __m256i m4 = _mm256_set1_epi8(15);                                                \
+        struct kern_qact a[MR];                                                                 \
+        for (int m = 0; m < MR; m++) a[m] = kern_qact_view(QUANT_Q5_K, xq + m * act_row, k);   \
+        __m256 acc[MR];                                                                         \
+        for (int m = 0; m < MR; m++) acc[m] = _mm256_setzero_ps();                              \
+        for (int64_t ib = 0; ib < nb; ib++) {                                                   \
+            const uint8_t *mb = meta + ib * 320;                                                \
+            const __m256 d = load_f16x8(mb + 16 * h);                                           \
+            __m256 s[MR];                                                                       \
+            for (int m = 0; m < MR; m++) s[m] = _mm256_setzero_ps();                            \
+            for (int j = 0; j < 8; j++) {                                                       \
+                const __m256i hb = load8(q + ib * 2560 + 2048 + 64 * j);                        \
+                __m256i is[MR], t16[MR];                                                        \
+                for (int m = 0; m < MR; m++) {                                                  \
+                    is[m] = _mm256_setzero_si256();                                             \
+                    t16[m] = _mm256_setzero_si256();                                            \
+                }                                                                               \
+                for (int t = 0; t < 8; t++) {                                                   \
+                    __m256i v = load8(q + ib * 2560 + (8 * (j / 2) + t) * 64);                  \
+                    if (j % 2) v = _mm256_srli_epi16(v, 4);                                     \
+                    const __m256i w = _mm256_or_si256(_mm256_and_si256(v, m4), hbit16(hb, t));  \
+                    for (int m = 0; m < MR; m++) {                                              \
+                        DOT_U8(t16[m], w, bcast4(a[m].qs + ib * QK_K + 64 * (j / 2) +           \
+                                                 32 * (j % 2) + 4 * t));                        \
+                    }                                                                           \
+                    if (t % 4 == 3) {                                                           \
+                        for (int m = 0; m < MR; m++) {                                          \
+                            FLUSH16(is[m], t16[m]);                                             \
+                            t16[m] = _mm256_setzero_si256();                                    \
+                        }                                                                       \
+                    }                                                                           \
+                }                                                                               \
+                uint64_t sc8;                                                                   \
+                memcpy(&sc8, mb + 64 + 16 * j + 8 * h, 8);                                      \
+                const __m256 sc = _mm256_cvtepi32_ps(                                           \
+                    _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc8)));                   \
+                const __m256 dsc = _mm256_mul_ps(d, sc);                                        \
+                for (int m = 0; m < MR; m++) {                                                  \
+                    s[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[m]), dsc, s[m]);               \
+                }                                                                               \
+            }                                                                                   \
+            __m256i mn[MR];                                                                     \
+            for (int m = 0; m < MR; m++) mn[m] = _mm256_setzero_si256();                        \
+            for (int i = 0; i < 4; i++) {                                                       \
+                const __m256i mv = _mm256_cvtepu8_epi16(                                        \
+                    _mm_loadu_si128((const __m128i *)(mb + 192 + 32 * i + 16 * h)));            \
+                for (int m = 0; m < MR; m++) {                                                  \
+                    const __m256i b = bcast4((const int8_t *)(a[m].b32 + 8 * ib + 2 * i));      \
+                    mn[m] = _mm256_add_epi32(mn[m], _mm256_madd_epi16(mv, b));                  \
+                }                                                                               \
+            }                                                                                   \
+            const __m256 dmin = load_f16x8(mb + 32 + 16 * h);                                   \
+            for (int m = 0; m < MR; m++) {                                                      \
+                const __m256i neg = _mm256_sub_epi32(_mm256_setzero_si256(), mn[m]);            \
+                s[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(neg), dmin, s[m]);                    \
+                acc[m] = _mm256_fmadd_ps(s[m], _mm256_set1_ps(a[m].d[ib]), acc[m]);             \
+            }                                                                                   \
+        }                                                                                       \
+        for (int m = 0; m < MR; m++) store_rows(y + m * ldy, acc[m], rows);                     \
+    }
+
+#define TILE_Q3_K(MR)                                                                           \
+    static void tile_q3_K_##MR(TILE_ARGS) {                                                     \
+        const int64_t nb = k / QK_K;                                                            \
+        struct kern_qact a[MR];                                                                 \
+        for (int m = 0; m < MR; m++) a[m] = kern_qact_view(QUANT_Q3_K, xq + m * act_row, k);   \
+        __m256 acc[MR];                                                                         \
+        for (int m = 0; m < MR; m++) acc[m] = _mm256_setzero_ps();                              \
+        for (int64_t ib = 0; ib < nb; ib++) {                                                   \
+            const uint8_t *mb = meta + ib * 288;                                                \
+            const __m256 d = load_f16x8(mb + 16 * h);                                           \
+            __m256 s[MR];                                                                       \
+            for (int m = 0; m < MR; m++) s[m] = _mm256_setzero_ps();                            \
+            for (int j = 0; j < 16; j++) {                                                      \
+                const __m256i c2 = load8(q + ib * 1536 + 64 * j);                               \
+                const __m256i hb = load8(q + ib * 1536 + 1024 + 64 * (j / 2));                  \
+                __m256i t16[MR];                                                                \
+                for (int m = 0; m < MR; m++) t16[m] = _mm256_setzero_si256();                   \
+                for (int i = 0; i < 4; i++) {                                                   \
+                    const __m256i w = _mm256_or_si256(bits2(c2, i), hbit4(hb, 4 * (j % 2) + i)); \
+                    for (int m = 0; m < MR; m++) {                                              \
+                        DOT_U8(t16[m], w, bcast4(a[m].qs + ib * QK_K + 16 * j + 4 * i));        \
+                    }                                                                           \
+                }                                                                               \
+                const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(                      \
+                    _mm_loadl_epi64((const __m128i *)(mb + 32 + 16 * j + 8 * h))));             \
+                const __m256 dsc = _mm256_mul_ps(d, sc);                                        \
+                for (int m = 0; m < MR; m++) {                                                  \
+                    __m256i is = _mm256_set1_epi32(a[m].n4[16 * ib + j]);                       \
+                    FLUSH16(is, t16[m]);                                                        \
+                    s[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), dsc, s[m]);                  \
+                }                                                                               \
+            }                                                                                   \
+            for (int m = 0; m < MR; m++) {                                                      \
+                acc[m] = _mm256_fmadd_ps(s[m], _mm256_set1_ps(a[m].d[ib]), acc[m]);             \
+            }                                                                                   \
+        }                                                                                       \
+        for (int m = 0; m < MR; m++) store_rows(y + m * ldy, acc[m], rows);                     \
+    }
+
+#define TILE_Q2_K(MR)                                                                           \
+    static void tile_q2_K_##MR(TILE_ARGS) {                                                     \
+        const int64_t nb = k / QK_K;                                                            \
+        struct kern_qact a[MR];                                                                 \
+        for (int m = 0; m < MR; m++) a[m] = kern_qact_view(QUANT_Q2_K, xq + m * act_row, k);   \
+        __m256 acc[MR];                                                                         \
+        for (int m = 0; m < MR; m++) acc[m] = _mm256_setzero_ps();                              \
+        for (int64_t ib = 0; ib < nb; ib++) {                                                   \
+            const uint8_t *mb = meta + ib * 320;                                                \
+            const __m256 d = load_f16x8(mb + 16 * h);                                           \
+            __m256 s[MR];                                                                       \
+            for (int m = 0; m < MR; m++) s[m] = _mm256_setzero_ps();                            \
+            for (int j = 0; j < 16; j++) {                                                      \
+                const __m256i c2 = load8(q + ib * 1024 + 64 * j);                               \
+                __m256i t16[MR];                                                                \
+                for (int m = 0; m < MR; m++) t16[m] = _mm256_setzero_si256();                   \
+                for (int i = 0; i < 4; i++) {                                                   \
+                    const __m256i w = bits2(c2, i);                                             \
+                    for (int m = 0; m < MR; m++) {                                              \
+                        DOT_U8(t16[m], w, bcast4(a[m].qs + ib * QK_K + 16 * j + 4 * i));        \
+                    }                                                                           \
+                }                                                                               \
+                __m256i wsc = _mm256_cvtepu16_epi32(                                            \
+                    _mm_loadu_si128((const __m128i *)(mb + 64 + 32 * (j / 2) + 16 * h)));       \
+                if (j % 2) wsc = _mm256_srli_epi32(wsc, 8);                                     \
+                const __m256 sc = _mm256_cvtepi32_ps(_mm256_and_si256(wsc, _mm256_set1_epi32(15))); \
+                const __m256 dsc = _mm256_mul_ps(d, sc);                                        \
+                for (int m = 0; m < MR; m++) {                                                  \
+                    __m256i is = _mm256_setzero_si256();                                        \
+                    FLUSH16(is, t16[m]);                                                        \
+                    s[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), dsc, s[m]);                  \
+                }                                                                               \
+            }                                                                                   \
+            __m256i mn[MR];                                                                     \
+            for (int m = 0; m < MR; m++) mn[m] = _mm256_setzero_si256();                        \
+            for (int i = 0; i < 8; i++) {                                                       \
+                const __m256i mv = _mm256_srli_epi16(_mm256_cvtepu8_epi16(                      \
+                    _mm_loadu_si128((const __m128i *)(mb + 64 + 32 * i + 16 * h))), 4);         \
+                for (int m = 0; m < MR; m++) {                                                  \
+                    const __m256i b = bcast4((const int8_t *)(a[m].b16 + 16 * ib + 2 * i));     \
+                    mn[m] = _mm256_add_epi32(mn[m], _mm256_madd_epi16(mv, b));                  \
+                }                                                                               \
+            }                                                                                   \
+            const __m256 dmin = load_f16x8(mb + 32 + 16 * h);                                   \
+            for (int m = 0; m < MR; m++) {                                                      \
+                const __m256i neg = _mm256_sub_epi32(_mm256_setzero_si256(), mn[m]);            \
+                s[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(neg), dmin, s[m]);                    \
+                acc[m] = _mm256_fmadd_ps(s[m], _mm256_set1_ps(a[m].d[ib]), acc[m]);             \
+            }                                                                                   \
+        }                                                                                       \
+        for (int m = 0; m < MR; m++) store_rows(y + m * ldy, acc[m], rows);                     \
+    }
+
 typedef void (*qtile_fn)(TILE_ARGS);
 
 /* Loops over chunks of tokens (their activations stay in L2), then panels
@@ -251,6 +480,12 @@ TILE_Q8_0(1) TILE_Q8_0(2) TILE_Q8_0(3) TILE_Q8_0(4)
 TILE_Q4_0(1) TILE_Q4_0(2) TILE_Q4_0(3) TILE_Q4_0(4)
 TILE_Q4_K(1) TILE_Q4_K(2) TILE_Q4_K(3)
 TILE_Q6_K(1) TILE_Q6_K(2) TILE_Q6_K(3)
+TILE_Q5_0(1) TILE_Q5_0(2) TILE_Q5_0(3) TILE_Q5_0(4)
+TILE_Q4_1(1) TILE_Q4_1(2) TILE_Q4_1(3) TILE_Q4_1(4)
+TILE_Q5_1(1) TILE_Q5_1(2) TILE_Q5_1(3) TILE_Q5_1(4)
+TILE_Q5_K(1) TILE_Q5_K(2) TILE_Q5_K(3)
+TILE_Q3_K(1) TILE_Q3_K(2) TILE_Q3_K(3)
+TILE_Q2_K(1) TILE_Q2_K(2) TILE_Q2_K(3)
 
 void kern_qpanel_avx2_q8_0(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
                            int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y) {
@@ -274,6 +509,42 @@ void kern_qpanel_avx2_q6_K(const void *restrict xq, int64_t n_tokens, const void
                            int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y) {
     static const qtile_fn tiles[] = {tile_q6_K_1, tile_q6_K_2, tile_q6_K_3};
     run(QUANT_Q6_K, tiles, 3, 3072, xq, n_tokens, pw, k, n, p0, p1, y);
+}
+
+void kern_qpanel_avx2_q5_0(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y) {
+    static const qtile_fn tiles[] = {tile_q5_0_1, tile_q5_0_2, tile_q5_0_3, tile_q5_0_4};
+    run(QUANT_Q5_0, tiles, 4, 320, xq, n_tokens, pw, k, n, p0, p1, y);
+}
+
+void kern_qpanel_avx2_q4_1(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y) {
+    static const qtile_fn tiles[] = {tile_q4_1_1, tile_q4_1_2, tile_q4_1_3, tile_q4_1_4};
+    run(QUANT_Q4_1, tiles, 4, 256, xq, n_tokens, pw, k, n, p0, p1, y);
+}
+
+void kern_qpanel_avx2_q5_1(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y) {
+    static const qtile_fn tiles[] = {tile_q5_1_1, tile_q5_1_2, tile_q5_1_3, tile_q5_1_4};
+    run(QUANT_Q5_1, tiles, 4, 320, xq, n_tokens, pw, k, n, p0, p1, y);
+}
+
+void kern_qpanel_avx2_q5_K(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y) {
+    static const qtile_fn tiles[] = {tile_q5_K_1, tile_q5_K_2, tile_q5_K_3};
+    run(QUANT_Q5_K, tiles, 3, 2560, xq, n_tokens, pw, k, n, p0, p1, y);
+}
+
+void kern_qpanel_avx2_q3_K(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y) {
+    static const qtile_fn tiles[] = {tile_q3_K_1, tile_q3_K_2, tile_q3_K_3};
+    run(QUANT_Q3_K, tiles, 3, 1536, xq, n_tokens, pw, k, n, p0, p1, y);
+}
+
+void kern_qpanel_avx2_q2_K(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y) {
+    static const qtile_fn tiles[] = {tile_q2_K_1, tile_q2_K_2, tile_q2_K_3};
+    run(QUANT_Q2_K, tiles, 3, 1024, xq, n_tokens, pw, k, n, p0, p1, y);
 }
 
 /* ---- activations: quant.c's q8_0/q8_1/q8_K rounding, 8 lanes at a time -------- */

@@ -31,7 +31,9 @@ static float frand(void) {  // uniform in [-1, 1)
     return (float)rnd() / (float)(1u << 23) - 1.0f;
 }
 
-static const enum quant_type types[] = {QUANT_Q8_0, QUANT_Q4_0, QUANT_Q4_K, QUANT_Q6_K};
+static const enum quant_type types[] = {QUANT_Q8_0, QUANT_Q4_0, QUANT_Q4_K, QUANT_Q6_K,
+                                        QUANT_Q5_0, QUANT_Q4_1, QUANT_Q5_1, QUANT_Q2_K,
+                                        QUANT_Q3_K, QUANT_Q5_K};
 #define N_TYPES (sizeof(types) / sizeof(types[0]))
 
 /* Overwrites the f16 scale fields of a raw random block with finite values. */
@@ -40,7 +42,22 @@ static void fix_scales(enum quant_type t, uint8_t *blk) {
     uint16_t dmin = quant_f32_to_f16(frand() * 0.01f);
     switch (t) {
     case QUANT_Q8_0:
-    case QUANT_Q4_0: memcpy(blk, &d, 2); break;
+    case QUANT_Q4_0:
+    case QUANT_Q5_0: memcpy(blk, &d, 2); break;
+    case QUANT_Q4_1:
+    case QUANT_Q5_1:  // d, then m
+        memcpy(blk, &d, 2);
+        memcpy(blk + 2, &dmin, 2);
+        break;
+    case QUANT_Q5_K:
+        memcpy(blk + offsetof(struct block_q5_K, d), &d, 2);
+        memcpy(blk + offsetof(struct block_q5_K, dmin), &dmin, 2);
+        break;
+    case QUANT_Q3_K: memcpy(blk + offsetof(struct block_q3_K, d), &d, 2); break;
+    case QUANT_Q2_K:
+        memcpy(blk + offsetof(struct block_q2_K, d), &d, 2);
+        memcpy(blk + offsetof(struct block_q2_K, dmin), &dmin, 2);
+        break;
     case QUANT_Q4_K:
         memcpy(blk + offsetof(struct block_q4_K, d), &d, 2);
         memcpy(blk + offsetof(struct block_q4_K, dmin), &dmin, 2);
@@ -135,11 +152,20 @@ static void test_qpanel_act_rows_hold_the_partner_quantization(void **state) {
                 }
             } else {
                 for (int64_t ib = 0; ib < k / QK8_0; ib++) {
-                    const struct block_q8_0 *b = (const struct block_q8_0 *)row + ib;
-                    assert_memory_equal(a.qs + ib * QK8_0, b->qs, QK8_0);
-                    assert_true(a.d[ib] == quant_f16_to_f32(b->d));
+                    // q8_1 (the partner of q4_1, q5_1) is q8_0 with a sum field
+                    const int8_t *bqs;
+                    uint16_t bd;
+                    if (vt == QUANT_Q8_1) {
+                        const struct block_q8_1 *b = (const struct block_q8_1 *)row + ib;
+                        bqs = b->qs, bd = b->d;
+                    } else {
+                        const struct block_q8_0 *b = (const struct block_q8_0 *)row + ib;
+                        bqs = b->qs, bd = b->d;
+                    }
+                    assert_memory_equal(a.qs + ib * QK8_0, bqs, QK8_0);
+                    assert_true(a.d[ib] == quant_f16_to_f32(bd));
                     int32_t s = 0;
-                    for (int l = 0; l < QK8_0; l++) s += b->qs[l];
+                    for (int l = 0; l < QK8_0; l++) s += bqs[l];
                     assert_int_equal(a.n8[ib], -8 * s);
                     assert_int_equal(a.n16[ib], -16 * s);
                     assert_int_equal(a.n128[ib], -128 * s);
