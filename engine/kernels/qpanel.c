@@ -157,17 +157,39 @@ void kern_qpanel_ref_act(enum quant_type t, const float *restrict x, int64_t k,
 
 /* ---- packing ------------------------------------------------------------------ */
 
-/* The 6-bit value of element e of a q6_K block (quant.h's layout). */
-static int q6_value(const struct block_q6_K *b, int e) {
-    const int h = e / 128, c = (e % 128) / 32, l = e % 32;
-    const int lo = (b->ql[64 * h + l + 32 * (c % 2)] >> (4 * (c / 2))) & 15;
-    const int hi = (b->qh[32 * h + l] >> (2 * c)) & 3;
-    return lo | hi << 4;
+/* The 6-bit values of a q6_K block in element order (quant.h's layout:
+ * element 128 h + 32 c + l). */
+static void q6_values(const struct block_q6_K *b, uint8_t v[QK_K]) {
+    for (int h = 0; h < 2; h++) {
+        for (int l = 0; l < 32; l++) {
+            const int lo0 = b->ql[64 * h + l], lo1 = b->ql[64 * h + 32 + l], hi = b->qh[32 * h + l];
+            v[128 * h + l] = (uint8_t)((lo0 & 15) | (hi & 3) << 4);
+            v[128 * h + 32 + l] = (uint8_t)((lo1 & 15) | ((hi >> 2) & 3) << 4);
+            v[128 * h + 64 + l] = (uint8_t)((lo0 >> 4) | ((hi >> 4) & 3) << 4);
+            v[128 * h + 96 + l] = (uint8_t)((lo1 >> 4) | ((hi >> 6) & 3) << 4);
+        }
+    }
 }
 
-/* The 2-bit value of element e of a q2_K/q3_K block (qs of 64 bytes). */
-static int q2_value(const uint8_t *qs, int e) {
-    return (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+/* The 2-bit values of a q2_K/q3_K block (qs of 64 bytes) in element order
+ * (element 128 h + 32 c + l: bits 2 c of qs[32 h + l]). */
+static void q2_values(const uint8_t *qs, uint8_t v[QK_K]) {
+    for (int h = 0; h < 2; h++) {
+        for (int c = 0; c < 4; c++) {
+            for (int l = 0; l < 32; l++) v[128 * h + 32 * c + l] = (qs[32 * h + l] >> (2 * c)) & 3;
+        }
+    }
+}
+
+/* Packs 2-bit values v (element order) of one row into 16 chunks: chunk j
+ * byte 4 r + b, bits 2 i = v[16 j + 4 i + b]. */
+static void put_bits2(uint8_t *q, int r, const uint8_t v[QK_K]) {
+    for (int j = 0; j < 16; j++) {
+        for (int b = 0; b < 4; b++) {
+            const uint8_t *e = v + 16 * j + b;
+            q[64 * j + 4 * r + b] = (uint8_t)(e[0] | e[4] << 2 | e[8] << 4 | e[12] << 6);
+        }
+    }
 }
 
 /* Sets bit 8 b + g of the row's 4 bytes at c (4 r already added) for the
@@ -212,15 +234,16 @@ static void pack_block(enum quant_type t, const void *const blk[KERN_PANEL_ROWS]
         }
         case QUANT_Q6_K: {
             const struct block_q6_K *b = blk[r];
+            uint8_t v6[QK_K];
+            q6_values(b, v6);
             for (int j = 0; j < 16; j++) {
                 uint8_t *c = q + 192 * j;
                 for (int i = 0; i < 4; i++) {
-                    int v[4];
-                    for (int g = 0; g < 4; g++) v[g] = q6_value(b, 16 * j + 4 * g + i);
-                    c[4 * r + i] = (uint8_t)((v[0] & 15) | (v[1] & 15) << 4);
-                    c[64 + 4 * r + i] = (uint8_t)((v[2] & 15) | (v[3] & 15) << 4);
-                    c[128 + 4 * r + i] = (uint8_t)(v[0] >> 4 | (v[1] >> 4) << 2 | (v[2] >> 4) << 4 |
-                                                   (v[3] >> 4) << 6);
+                    const uint8_t *v = v6 + 16 * j + i;  // groups 0..3 of lane i: v[0], v[4], ...
+                    c[4 * r + i] = (uint8_t)((v[0] & 15) | (v[4] & 15) << 4);
+                    c[64 + 4 * r + i] = (uint8_t)((v[8] & 15) | (v[12] & 15) << 4);
+                    c[128 + 4 * r + i] = (uint8_t)(v[0] >> 4 | (v[4] >> 4) << 2 | (v[8] >> 4) << 4 |
+                                                   (v[12] >> 4) << 6);
                 }
                 m[32 + 16 * j + r] = (uint8_t)b->scales[j];
             }
@@ -270,9 +293,11 @@ static void pack_block(enum quant_type t, const void *const blk[KERN_PANEL_ROWS]
         }
         case QUANT_Q3_K: {
             const struct block_q3_K *b = blk[r];
+            uint8_t v2[QK_K];
+            q2_values(b->qs, v2);
+            put_bits2(q, r, v2);
             for (int e = 0; e < QK_K; e++) {
                 const int j = e / 16, i = (e % 16) / 4, l = e % 4;
-                q[64 * j + 4 * r + l] = (uint8_t)(q[64 * j + 4 * r + l] | q2_value(b->qs, e) << (2 * i));
                 put_hbit(q + 64 * (16 + j / 2) + 4 * r, 4 * (j % 2) + i, l,
                          (b->hmask[e % 32] >> (e / 32)) & 1);
             }
@@ -286,10 +311,9 @@ static void pack_block(enum quant_type t, const void *const blk[KERN_PANEL_ROWS]
         }
         case QUANT_Q2_K: {
             const struct block_q2_K *b = blk[r];
-            for (int e = 0; e < QK_K; e++) {
-                const int j = e / 16, i = (e % 16) / 4, l = e % 4;
-                q[64 * j + 4 * r + l] = (uint8_t)(q[64 * j + 4 * r + l] | q2_value(b->qs, e) << (2 * i));
-            }
+            uint8_t v2[QK_K];
+            q2_values(b->qs, v2);
+            put_bits2(q, r, v2);
             for (int j = 0; j < 16; j++) m[64 + 32 * (j / 2) + 2 * r + j % 2] = b->scales[j];
             memcpy(m + 2 * r, &b->d, 2);
             memcpy(m + 32 + 2 * r, &b->dmin, 2);
