@@ -408,8 +408,9 @@ static void drop_pages(const void *p, size_t n) {
     if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
-/* Copies every f32/f16/bf16 matrix that kern_matmul() multiplies into the
- * panel layout (kernels.h), in one anonymous mapping the model owns, and
+/* Copies every matrix that kern_matmul() multiplies into the panel layout
+ * (f32/f16/bf16) or the q-panel layout (quantized types; kernels.h), in one
+ * anonymous mapping the model owns, and
  * drops the copied pages of the file mapping, so resident memory stays about
  * one copy of the weights. */
 static int pack_panels(struct loader *ld) {

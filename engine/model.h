@@ -4,8 +4,9 @@
  * public face is struct engine_model in engine/engine.h.
  *
  * Ownership: the model owns the gguf_file (whose mapping the weights view),
- * the tensor array, the panel copies of the f32/f16/bf16 matrices (one
- * anonymous mapping; kern_matmul() reads them instead of the file's rows),
+ * the tensor array, the panel (f32/f16/bf16) and q-panel (quantized) copies
+ * of the matrices (one anonymous mapping; kern_matmul() reads them instead of
+ * the file's rows),
  * the f32 copies of the small 1-D tensors (norms, biases, RoPE factors) and
  * the tokenizer. Immutable after model_load(), except for the adapter id
  * counter (an atomic): any thread may read it.

@@ -19,8 +19,9 @@ struct tensor {
     int64_t ne[4];          // elements per dimension; unused ones are 1
     size_t row_bytes;       // bytes of one row of ne[0] elements
     const void *data;       // view into the mapping; valid for the model's life
-    // the same matrix in the panel layout of kern_matmul() (kernels.h), owned
-    // by the model, or NULL (other types, 1-D tensors, tools that never multiply)
+    // the same matrix in the panel or q-panel layout of kern_matmul()
+    // (kernels.h), owned by the model, or NULL (types without one, 1-D
+    // tensors, tools that never multiply)
     const void *panels;
 };
 

@@ -1,8 +1,9 @@
 /*
  * blas.c - the only OpenBLAS user: matrix products over a batch of tokens.
- * Weights with panels (kernels.h) go to the panel products, split by panels
- * across the pool; OpenBLAS serves unpacked f32/f16/bf16 weights above
- * KERN_GEMV_MAX_TOKENS and quantized ones above kern_scratch.qdot_max_tokens.
+ * Weights with panels (kernels.h) go to the panel or q-panel products, split
+ * by panels across the pool; OpenBLAS serves unpacked f32/f16/bf16 weights
+ * above KERN_GEMV_MAX_TOKENS and unpacked quantized ones above
+ * kern_scratch.qdot_max_tokens.
  *
  * Parallelism is ours, not OpenBLAS's: OpenBLAS is told to use one thread and
  * each pool thread multiplies the whole batch by its own slice of weight rows.

@@ -383,15 +383,17 @@ void kern_qpanel_vnni_q6_K(const void *restrict xq, int64_t n_tokens, const void
 
 /* ---- matrix products (kernels/blas.c) -------------------------------------- */
 
-/* Quantized weights multiply by integer dot products against activations
- * rounded to 8 bits per block, at every batch size by default: each (row,
- * token) result is then computed by the same code from the same operands,
- * whatever else is in the batch, so greedy outputs are batch-invariant. The
- * alternative, dequantizing weight tiles into sgemm, gives the same product up
- * to float rounding, but a rounding difference before an activation is cut to
- * 8 bits moves it a whole step, which can flip a near-tie between tokens. It
- * is kept for batches above kern_scratch.qdot_max_tokens (measured against
- * the integer path in docs/quantization.md). */
+/* Quantized weights without q-panels (tensors built outside the loader)
+ * multiply by integer row dots against activations rounded to 8 bits per
+ * block, at every batch size by default: each (row, token) result is then
+ * computed by the same code from the same operands, whatever else is in the
+ * batch, so greedy outputs are batch-invariant. The alternative, dequantizing
+ * weight tiles into sgemm, gives the same product up to float rounding, but a
+ * rounding difference before an activation is cut to 8 bits moves it a whole
+ * step, which can flip a near-tie between tokens. It is kept for batches above
+ * kern_scratch.qdot_max_tokens. A loaded model's quantized matrices have
+ * q-panels, which are faster than both at every batch size
+ * (docs/quantization.md) and use no switch on the batch size at all. */
 #define KERN_QDOT_MAX_TOKENS INT32_MAX
 
 /* Per-thread conversion tiles for f16/bf16/quantized weights, and the
@@ -416,17 +418,17 @@ void kern_scratch_free(struct kern_scratch *s);  // safe on a zeroed struct
 
 /* y[n_tokens][n_out] = x[n_tokens][n_in] * W^T, with W a [n_in, n_out] tensor
  * (n_out rows of n_in elements) of type f32, f16 or bf16, or a quantized type
- * (quant_is_supported()). Quantized weights: every token's activations are
- * first rounded to the weight's partner type (q8_0/q8_1/q8_K, per token, so a
- * token's result does not depend on its batch); up to KERN_QDOT_MAX_TOKENS
- * tokens then use integer row dots (kern_get()->vec_dot), more use the same
- * rounded activations in f32 against dequantized weight tiles in sgemm. Both
- * compute dequant(W) . dequant(q8(x)) up to float rounding. The output rows of W
- * are split across the pool's threads. f32/f16/bf16 weights with panels
- * (w->panels, as a loaded model's matrices have) use the panel products at
- * every batch size (batch-invariant bit for bit, see "panels"). Without
- * panels, up to KERN_GEMV_MAX_TOKENS tokens use our own row-dot kernels over
- * the rows in their own type, and more go to OpenBLAS sgemm, f16/bf16 rows
+ * (quant_is_supported()). Weights with panels (w->panels, as a loaded model's
+ * matrices have) use the panel products (f32/f16/bf16, see "panels") or the
+ * q-panel products (quantized, see "q-panels": every token's activations are
+ * first quantized to the weight's partner type, per token) at every batch
+ * size, split by panels across the pool's threads; both are batch-invariant
+ * bit for bit. Without panels: quantized weights use the same per-token
+ * activations with integer row dots (kern_get()->vec_dot) up to
+ * scratch->qdot_max_tokens tokens and, above, those activations in f32
+ * against dequantized weight tiles in sgemm (the same product up to float
+ * rounding); f32/f16/bf16 weights use our own row dots up to
+ * KERN_GEMV_MAX_TOKENS tokens and OpenBLAS sgemm above, f16/bf16 rows
  * converted tile by tile into the scratch first. x and y must not alias. */
 void kern_matmul(struct threadpool *pool, struct kern_scratch *scratch, const struct tensor *w,
                  const float *x, int64_t n_tokens, float *y);
