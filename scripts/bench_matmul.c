@@ -53,7 +53,8 @@ int main(int argc, char **argv) {
     const int32_t type = quant_type_from_name(tname);
     if (type < 0 || !kern_panel_supports((enum quant_type)type) ||
         k % quant_traits((uint32_t)type)->block_size != 0) {
-        fprintf(stderr, "bench_matmul: type %s with q-panels and k a multiple of its block, please\n",
+        fprintf(stderr,
+                "bench_matmul: type %s with q-panels and k a multiple of its block, please\n",
                 tname);
         return 2;
     }
@@ -72,8 +73,11 @@ int main(int argc, char **argv) {
         }
         tr->from_f32(f, data + (size_t)r * row, k);
     }
-    struct tensor w = {.type = (enum quant_type)type, .n_dims = 2, .ne = {k, n, 1, 1},
-                       .row_bytes = row, .data = data};
+    struct tensor w = {.type = (enum quant_type)type,
+                       .n_dims = 2,
+                       .ne = {k, n, 1, 1},
+                       .row_bytes = row,
+                       .data = data};
     struct tensor wp = w;
     void *panels = aligned_alloc(64, kern_panel_bytes(&w));
     kern_panel_pack(&w, panels);
@@ -118,7 +122,8 @@ int main(int argc, char **argv) {
     // Each level's q-panel kernel on one thread, called directly over all panels.
     printf("\nq-panel kernels by level, 1 thread, ms per product:\n\n| tokens |");
     const enum kern_isa top = kern_isa_detect();
-    for (int isa = KERN_ISA_AVX2; isa <= (int)top; isa++) printf(" %s |", kern_isa_name((enum kern_isa)isa));
+    for (int isa = KERN_ISA_AVX2; isa <= (int)top; isa++)
+        printf(" %s |", kern_isa_name((enum kern_isa)isa));
     printf("\n|---:|");
     for (int isa = KERN_ISA_AVX2; isa <= (int)top; isa++) printf("---:|");
     printf("\n");
@@ -172,7 +177,8 @@ int main(int argc, char **argv) {
                 double dt = (now_s() - t0) / copies;
                 if (dt < best) best = dt;
             }
-            printf("| %lld | %.4f | %.1f |\n", (long long)m, best * 1e3, (double)bytes / best * 1e-9);
+            printf("| %lld | %.4f | %.1f |\n", (long long)m, best * 1e3,
+                   (double)bytes / best * 1e-9);
             p = strchr(p, ',');
             if (!p) break;
             p++;

@@ -62,24 +62,45 @@
 
 /* Bytes per panel-block: the quant chunks, then the meta. */
 struct qpanel_layout {
-    int32_t block;   // elements of k per block
-    int32_t q_bytes; // quant chunks of 16 rows
-    int32_t m_bytes; // scales (and mins) of 16 rows
+    int32_t block;    // elements of k per block
+    int32_t q_bytes;  // quant chunks of 16 rows
+    int32_t m_bytes;  // scales (and mins) of 16 rows
 };
 
 static bool layout_of(enum quant_type t, struct qpanel_layout *out) {
     switch (t) {
-    case QUANT_Q8_0: *out = (struct qpanel_layout){QK8_0, 8 * 64, 32}; return true;
-    case QUANT_Q4_0: *out = (struct qpanel_layout){QK4_0, 4 * 64, 32}; return true;
-    case QUANT_Q4_K: *out = (struct qpanel_layout){QK_K, 32 * 64, 64 + 128 + 128}; return true;
-    case QUANT_Q6_K: *out = (struct qpanel_layout){QK_K, 48 * 64, 32 + 256}; return true;
-    case QUANT_Q5_0: *out = (struct qpanel_layout){QK5_0, 5 * 64, 32}; return true;
-    case QUANT_Q4_1: *out = (struct qpanel_layout){QK4_1, 4 * 64, 64}; return true;
-    case QUANT_Q5_1: *out = (struct qpanel_layout){QK5_1, 5 * 64, 64}; return true;
-    case QUANT_Q5_K: *out = (struct qpanel_layout){QK_K, 40 * 64, 64 + 128 + 128}; return true;
-    case QUANT_Q3_K: *out = (struct qpanel_layout){QK_K, 24 * 64, 32 + 256}; return true;
-    case QUANT_Q2_K: *out = (struct qpanel_layout){QK_K, 16 * 64, 64 + 256}; return true;
-    default: return false;
+        case QUANT_Q8_0:
+            *out = (struct qpanel_layout){QK8_0, 8 * 64, 32};
+            return true;
+        case QUANT_Q4_0:
+            *out = (struct qpanel_layout){QK4_0, 4 * 64, 32};
+            return true;
+        case QUANT_Q4_K:
+            *out = (struct qpanel_layout){QK_K, 32 * 64, 64 + 128 + 128};
+            return true;
+        case QUANT_Q6_K:
+            *out = (struct qpanel_layout){QK_K, 48 * 64, 32 + 256};
+            return true;
+        case QUANT_Q5_0:
+            *out = (struct qpanel_layout){QK5_0, 5 * 64, 32};
+            return true;
+        case QUANT_Q4_1:
+            *out = (struct qpanel_layout){QK4_1, 4 * 64, 64};
+            return true;
+        case QUANT_Q5_1:
+            *out = (struct qpanel_layout){QK5_1, 5 * 64, 64};
+            return true;
+        case QUANT_Q5_K:
+            *out = (struct qpanel_layout){QK_K, 40 * 64, 64 + 128 + 128};
+            return true;
+        case QUANT_Q3_K:
+            *out = (struct qpanel_layout){QK_K, 24 * 64, 32 + 256};
+            return true;
+        case QUANT_Q2_K:
+            *out = (struct qpanel_layout){QK_K, 16 * 64, 64 + 256};
+            return true;
+        default:
+            return false;
     }
 }
 
@@ -137,8 +158,8 @@ void kern_qpanel_ref_act(enum quant_type t, const float *restrict x, int64_t k,
     ASSERT(vt == QUANT_Q8_0 || vt == QUANT_Q8_1);
     int32_t *n8 = (int32_t *)a.n8, *n16 = (int32_t *)a.n16, *n128 = (int32_t *)a.n128;
     float *fs = (float *)a.fs;
-    const size_t qs_off = vt == QUANT_Q8_0 ? offsetof(struct block_q8_0, qs)
-                                           : offsetof(struct block_q8_1, qs);
+    const size_t qs_off =
+        vt == QUANT_Q8_0 ? offsetof(struct block_q8_0, qs) : offsetof(struct block_q8_1, qs);
     for (int64_t ib = 0; ib < k / QK8_0; ib++) {
         uint8_t blk[sizeof(struct block_q8_1)];
         vd->from_f32(x + ib * QK8_0, blk, QK8_0);
@@ -205,121 +226,126 @@ static void pack_block(enum quant_type t, const void *const blk[KERN_PANEL_ROWS]
     for (int r = 0; r < KERN_PANEL_ROWS; r++) {
         if (!blk[r]) continue;
         switch (t) {
-        case QUANT_Q8_0: {
-            const struct block_q8_0 *b = blk[r];
-            for (int g = 0; g < 8; g++) {
-                for (int i = 0; i < 4; i++) q[64 * g + 4 * r + i] = (uint8_t)(b->qs[4 * g + i] + 128);
-            }
-            memcpy(m + 2 * r, &b->d, 2);
-            break;
-        }
-        case QUANT_Q4_0: {
-            const struct block_q4_0 *b = blk[r];
-            for (int c = 0; c < 4; c++) memcpy(q + 64 * c + 4 * r, b->qs + 4 * c, 4);
-            memcpy(m + 2 * r, &b->d, 2);
-            break;
-        }
-        case QUANT_Q4_K: {
-            const struct block_q4_K *b = blk[r];
-            for (int c = 0; c < 32; c++) memcpy(q + 64 * c + 4 * r, b->qs + 4 * c, 4);
-            memcpy(m + 2 * r, &b->d, 2);
-            memcpy(m + 32 + 2 * r, &b->dmin, 2);
-            for (int j = 0; j < 8; j++) {
-                uint8_t sc, mn;
-                quant_get_scale_min_k4(j, b->scales, &sc, &mn);
-                m[64 + 16 * j + r] = sc;
-                m[192 + 32 * (j / 2) + 2 * r + j % 2] = mn;
-            }
-            break;
-        }
-        case QUANT_Q6_K: {
-            const struct block_q6_K *b = blk[r];
-            uint8_t v6[QK_K];
-            q6_values(b, v6);
-            for (int j = 0; j < 16; j++) {
-                uint8_t *c = q + 192 * j;
-                for (int i = 0; i < 4; i++) {
-                    const uint8_t *v = v6 + 16 * j + i;  // groups 0..3 of lane i: v[0], v[4], ...
-                    c[4 * r + i] = (uint8_t)((v[0] & 15) | (v[4] & 15) << 4);
-                    c[64 + 4 * r + i] = (uint8_t)((v[8] & 15) | (v[12] & 15) << 4);
-                    c[128 + 4 * r + i] = (uint8_t)(v[0] >> 4 | (v[4] >> 4) << 2 | (v[8] >> 4) << 4 |
-                                                   (v[12] >> 4) << 6);
+            case QUANT_Q8_0: {
+                const struct block_q8_0 *b = blk[r];
+                for (int g = 0; g < 8; g++) {
+                    for (int i = 0; i < 4; i++)
+                        q[64 * g + 4 * r + i] = (uint8_t)(b->qs[4 * g + i] + 128);
                 }
-                m[32 + 16 * j + r] = (uint8_t)b->scales[j];
-            }
-            memcpy(m + 2 * r, &b->d, 2);
-            break;
-        }
-        case QUANT_Q5_0:
-        case QUANT_Q5_1: {
-            const uint8_t *qs, *qh;
-            if (t == QUANT_Q5_0) {
-                const struct block_q5_0 *b = blk[r];
-                qs = b->qs, qh = b->qh;
                 memcpy(m + 2 * r, &b->d, 2);
-            } else {
-                const struct block_q5_1 *b = blk[r];
-                qs = b->qs, qh = b->qh;
+                break;
+            }
+            case QUANT_Q4_0: {
+                const struct block_q4_0 *b = blk[r];
+                for (int c = 0; c < 4; c++) memcpy(q + 64 * c + 4 * r, b->qs + 4 * c, 4);
+                memcpy(m + 2 * r, &b->d, 2);
+                break;
+            }
+            case QUANT_Q4_K: {
+                const struct block_q4_K *b = blk[r];
+                for (int c = 0; c < 32; c++) memcpy(q + 64 * c + 4 * r, b->qs + 4 * c, 4);
+                memcpy(m + 2 * r, &b->d, 2);
+                memcpy(m + 32 + 2 * r, &b->dmin, 2);
+                for (int j = 0; j < 8; j++) {
+                    uint8_t sc, mn;
+                    quant_get_scale_min_k4(j, b->scales, &sc, &mn);
+                    m[64 + 16 * j + r] = sc;
+                    m[192 + 32 * (j / 2) + 2 * r + j % 2] = mn;
+                }
+                break;
+            }
+            case QUANT_Q6_K: {
+                const struct block_q6_K *b = blk[r];
+                uint8_t v6[QK_K];
+                q6_values(b, v6);
+                for (int j = 0; j < 16; j++) {
+                    uint8_t *c = q + 192 * j;
+                    for (int i = 0; i < 4; i++) {
+                        const uint8_t *v =
+                            v6 + 16 * j + i;  // groups 0..3 of lane i: v[0], v[4], ...
+                        c[4 * r + i] = (uint8_t)((v[0] & 15) | (v[4] & 15) << 4);
+                        c[64 + 4 * r + i] = (uint8_t)((v[8] & 15) | (v[12] & 15) << 4);
+                        c[128 + 4 * r + i] = (uint8_t)(v[0] >> 4 | (v[4] >> 4) << 2 |
+                                                       (v[8] >> 4) << 4 | (v[12] >> 4) << 6);
+                    }
+                    m[32 + 16 * j + r] = (uint8_t)b->scales[j];
+                }
+                memcpy(m + 2 * r, &b->d, 2);
+                break;
+            }
+            case QUANT_Q5_0:
+            case QUANT_Q5_1: {
+                const uint8_t *qs, *qh;
+                if (t == QUANT_Q5_0) {
+                    const struct block_q5_0 *b = blk[r];
+                    qs = b->qs, qh = b->qh;
+                    memcpy(m + 2 * r, &b->d, 2);
+                } else {
+                    const struct block_q5_1 *b = blk[r];
+                    qs = b->qs, qh = b->qh;
+                    memcpy(m + 2 * r, &b->d, 2);
+                    memcpy(m + 32 + 2 * r, &b->m, 2);
+                }
+                for (int c = 0; c < 4; c++) memcpy(q + 64 * c + 4 * r, qs + 4 * c, 4);
+                for (int e = 0; e < 32; e++)
+                    put_hbit(q + 256 + 4 * r, e / 4, e % 4, (qh[e / 8] >> (e % 8)) & 1);
+                break;
+            }
+            case QUANT_Q4_1: {
+                const struct block_q4_1 *b = blk[r];
+                for (int c = 0; c < 4; c++) memcpy(q + 64 * c + 4 * r, b->qs + 4 * c, 4);
                 memcpy(m + 2 * r, &b->d, 2);
                 memcpy(m + 32 + 2 * r, &b->m, 2);
+                break;
             }
-            for (int c = 0; c < 4; c++) memcpy(q + 64 * c + 4 * r, qs + 4 * c, 4);
-            for (int e = 0; e < 32; e++) put_hbit(q + 256 + 4 * r, e / 4, e % 4, (qh[e / 8] >> (e % 8)) & 1);
-            break;
-        }
-        case QUANT_Q4_1: {
-            const struct block_q4_1 *b = blk[r];
-            for (int c = 0; c < 4; c++) memcpy(q + 64 * c + 4 * r, b->qs + 4 * c, 4);
-            memcpy(m + 2 * r, &b->d, 2);
-            memcpy(m + 32 + 2 * r, &b->m, 2);
-            break;
-        }
-        case QUANT_Q5_K: {
-            const struct block_q5_K *b = blk[r];
-            for (int c = 0; c < 32; c++) memcpy(q + 64 * c + 4 * r, b->qs + 4 * c, 4);
-            for (int e = 0; e < QK_K; e++) {
-                const int j = e / 32, l = e % 32;
-                put_hbit(q + 64 * (32 + j) + 4 * r, l / 4, l % 4, (b->qh[l] >> j) & 1);
+            case QUANT_Q5_K: {
+                const struct block_q5_K *b = blk[r];
+                for (int c = 0; c < 32; c++) memcpy(q + 64 * c + 4 * r, b->qs + 4 * c, 4);
+                for (int e = 0; e < QK_K; e++) {
+                    const int j = e / 32, l = e % 32;
+                    put_hbit(q + 64 * (32 + j) + 4 * r, l / 4, l % 4, (b->qh[l] >> j) & 1);
+                }
+                memcpy(m + 2 * r, &b->d, 2);
+                memcpy(m + 32 + 2 * r, &b->dmin, 2);
+                for (int j = 0; j < 8; j++) {
+                    uint8_t sc, mn;
+                    quant_get_scale_min_k4(j, b->scales, &sc, &mn);
+                    m[64 + 16 * j + r] = sc;
+                    m[192 + 32 * (j / 2) + 2 * r + j % 2] = mn;
+                }
+                break;
             }
-            memcpy(m + 2 * r, &b->d, 2);
-            memcpy(m + 32 + 2 * r, &b->dmin, 2);
-            for (int j = 0; j < 8; j++) {
-                uint8_t sc, mn;
-                quant_get_scale_min_k4(j, b->scales, &sc, &mn);
-                m[64 + 16 * j + r] = sc;
-                m[192 + 32 * (j / 2) + 2 * r + j % 2] = mn;
+            case QUANT_Q3_K: {
+                const struct block_q3_K *b = blk[r];
+                uint8_t v2[QK_K];
+                q2_values(b->qs, v2);
+                put_bits2(q, r, v2);
+                for (int e = 0; e < QK_K; e++) {
+                    const int j = e / 16, i = (e % 16) / 4, l = e % 4;
+                    put_hbit(q + 64 * (16 + j / 2) + 4 * r, 4 * (j % 2) + i, l,
+                             (b->hmask[e % 32] >> (e / 32)) & 1);
+                }
+                const uint8_t *sc = b->scales;
+                for (int j = 0; j < 16; j++) {
+                    const int v = ((sc[j % 8] >> (4 * (j / 8))) & 15) |
+                                  ((sc[8 + j % 4] >> (2 * (j / 4))) & 3) << 4;
+                    m[32 + 16 * j + r] = (uint8_t)(int8_t)(v - 32);
+                }
+                memcpy(m + 2 * r, &b->d, 2);
+                break;
             }
-            break;
-        }
-        case QUANT_Q3_K: {
-            const struct block_q3_K *b = blk[r];
-            uint8_t v2[QK_K];
-            q2_values(b->qs, v2);
-            put_bits2(q, r, v2);
-            for (int e = 0; e < QK_K; e++) {
-                const int j = e / 16, i = (e % 16) / 4, l = e % 4;
-                put_hbit(q + 64 * (16 + j / 2) + 4 * r, 4 * (j % 2) + i, l,
-                         (b->hmask[e % 32] >> (e / 32)) & 1);
+            case QUANT_Q2_K: {
+                const struct block_q2_K *b = blk[r];
+                uint8_t v2[QK_K];
+                q2_values(b->qs, v2);
+                put_bits2(q, r, v2);
+                for (int j = 0; j < 16; j++) m[64 + 32 * (j / 2) + 2 * r + j % 2] = b->scales[j];
+                memcpy(m + 2 * r, &b->d, 2);
+                memcpy(m + 32 + 2 * r, &b->dmin, 2);
+                break;
             }
-            const uint8_t *sc = b->scales;
-            for (int j = 0; j < 16; j++) {
-                const int v = ((sc[j % 8] >> (4 * (j / 8))) & 15) | ((sc[8 + j % 4] >> (2 * (j / 4))) & 3) << 4;
-                m[32 + 16 * j + r] = (uint8_t)(int8_t)(v - 32);
-            }
-            memcpy(m + 2 * r, &b->d, 2);
-            break;
-        }
-        case QUANT_Q2_K: {
-            const struct block_q2_K *b = blk[r];
-            uint8_t v2[QK_K];
-            q2_values(b->qs, v2);
-            put_bits2(q, r, v2);
-            for (int j = 0; j < 16; j++) m[64 + 32 * (j / 2) + 2 * r + j % 2] = b->scales[j];
-            memcpy(m + 2 * r, &b->d, 2);
-            memcpy(m + 32 + 2 * r, &b->dmin, 2);
-            break;
-        }
-        default: UNREACHABLE();
+            default:
+                UNREACHABLE();
         }
     }
 }
@@ -356,32 +382,32 @@ static float h2f(const uint8_t *p) {
 /* Loops over panels [p0, p1), tokens and the panel's rows; BODY computes
  * `acc` for row r of panel `panel` (quants q, meta m) and token view a; the
  * body is the variadic argument (it may hold commas). */
-#define QPANEL_REF(NAME, TYPE, BLOCK, QBYTES, MBYTES, ...)                                      \
-    void NAME(const void *restrict xq, int64_t n_tokens, const void *restrict pw, int64_t k,     \
-              int64_t n, int64_t p0, int64_t p1, float *restrict y) {                            \
-        const int64_t nb = k / (BLOCK);                                                          \
-        const size_t stride = kern_qpanel_stride(TYPE, k);                                       \
-        const size_t act_bytes = kern_qpanel_act_bytes(TYPE, k);                                 \
-        for (int64_t p = p0; p < p1; p++) {                                                      \
-            const uint8_t *panel = (const uint8_t *)pw + (size_t)p * stride;                     \
-            const int64_t rows = n - p * KERN_PANEL_ROWS < KERN_PANEL_ROWS                       \
-                                     ? n - p * KERN_PANEL_ROWS                                   \
-                                     : KERN_PANEL_ROWS;                                          \
-            for (int64_t t = 0; t < n_tokens; t++) {                                             \
-                const struct kern_qact a =                                                       \
-                    kern_qact_view(TYPE, (const uint8_t *)xq + (size_t)t * act_bytes, k);        \
-                for (int r = 0; r < rows; r++) {                                                 \
-                    float acc = 0.0f;                                                            \
-                    for (int64_t ib = 0; ib < nb; ib++) {                                        \
-                        const uint8_t *q = panel + (size_t)ib * (QBYTES);                        \
+#define QPANEL_REF(NAME, TYPE, BLOCK, QBYTES, MBYTES, ...)                                        \
+    void NAME(const void *restrict xq, int64_t n_tokens, const void *restrict pw, int64_t k,      \
+              int64_t n, int64_t p0, int64_t p1, float *restrict y) {                             \
+        const int64_t nb = k / (BLOCK);                                                           \
+        const size_t stride = kern_qpanel_stride(TYPE, k);                                        \
+        const size_t act_bytes = kern_qpanel_act_bytes(TYPE, k);                                  \
+        for (int64_t p = p0; p < p1; p++) {                                                       \
+            const uint8_t *panel = (const uint8_t *)pw + (size_t)p * stride;                      \
+            const int64_t rows = n - p * KERN_PANEL_ROWS < KERN_PANEL_ROWS                        \
+                                     ? n - p * KERN_PANEL_ROWS                                    \
+                                     : KERN_PANEL_ROWS;                                           \
+            for (int64_t t = 0; t < n_tokens; t++) {                                              \
+                const struct kern_qact a =                                                        \
+                    kern_qact_view(TYPE, (const uint8_t *)xq + (size_t)t * act_bytes, k);         \
+                for (int r = 0; r < rows; r++) {                                                  \
+                    float acc = 0.0f;                                                             \
+                    for (int64_t ib = 0; ib < nb; ib++) {                                         \
+                        const uint8_t *q = panel + (size_t)ib * (QBYTES);                         \
                         const uint8_t *m = panel + (size_t)nb * (QBYTES) + (size_t)ib * (MBYTES); \
-                        const int8_t *x = a.qs + ib * (BLOCK);                                   \
-                        __VA_ARGS__                                                              \
-                    }                                                                            \
-                    y[t * n + p * KERN_PANEL_ROWS + r] = acc;                                    \
-                }                                                                                \
-            }                                                                                    \
-        }                                                                                        \
+                        const int8_t *x = a.qs + ib * (BLOCK);                                    \
+                        __VA_ARGS__                                                               \
+                    }                                                                             \
+                    y[t * n + p * KERN_PANEL_ROWS + r] = acc;                                     \
+                }                                                                                 \
+            }                                                                                     \
+        }                                                                                         \
     }
 
 QPANEL_REF(kern_qpanel_ref_q8_0, QUANT_Q8_0, QK8_0, 512, 32, {
@@ -442,7 +468,9 @@ QPANEL_REF(kern_qpanel_ref_q6_K, QUANT_Q6_K, QK_K, 3072, 288, {
 })
 
 /* The 5th bit of k = 4 g + b from a chunk of high bits (bit 8 b + g). */
-static int hbit(const uint8_t *c, int r, int g, int b) { return (c[4 * r + b] >> g) & 1; }
+static int hbit(const uint8_t *c, int r, int g, int b) {
+    return (c[4 * r + b] >> g) & 1;
+}
 
 QPANEL_REF(kern_qpanel_ref_q5_0, QUANT_Q5_0, QK5_0, 320, 32, {
     int32_t i = a.n16[ib];
@@ -527,7 +555,8 @@ QPANEL_REF(kern_qpanel_ref_q2_K, QUANT_Q2_K, QK_K, 1024, 320, {
         const uint8_t scm = m[64 + 32 * (j / 2) + 2 * r + j % 2];
         int32_t i = 0;
         for (int g = 0; g < 4; g++) {
-            for (int b = 0; b < 4; b++) i += ((q[64 * j + 4 * r + b] >> (2 * g)) & 3) * x[16 * j + 4 * g + b];
+            for (int b = 0; b < 4; b++)
+                i += ((q[64 * j + 4 * r + b] >> (2 * g)) & 3) * x[16 * j + 4 * g + b];
         }
         s = fmaf((float)i, d * (float)(scm & 15), s);
         mn += (scm >> 4) * a.b16[16 * ib + j];

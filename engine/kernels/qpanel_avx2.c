@@ -23,7 +23,9 @@ static inline __m256i bcast4(const int8_t *p) {
     return _mm256_set1_epi32(v);
 }
 
-static inline __m256i load8(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+static inline __m256i load8(const uint8_t *p) {
+    return _mm256_loadu_si256((const __m256i *)p);
+}
 
 static inline __m256 load_f16x8(const uint8_t *p) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
@@ -47,173 +49,172 @@ static inline void store_rows(float *y, __m256 acc, int rows) {
 
 /* Every tile: MR tokens x rows 8 h .. 8 h + 7 of one panel (q: the panel's
  * quants offset by 32 h bytes; meta: its meta). */
-#define TILE_ARGS                                                                               \
-    const uint8_t *restrict xq, size_t act_row, int64_t k, const uint8_t *restrict q,           \
+#define TILE_ARGS                                                                     \
+    const uint8_t *restrict xq, size_t act_row, int64_t k, const uint8_t *restrict q, \
         const uint8_t *restrict meta, int h, float *restrict y, int64_t ldy, int rows
 
-#define TILE_Q8_0(MR)                                                                           \
-    static void tile_q8_0_##MR(TILE_ARGS) {                                                     \
-        const int64_t nb = k / QK8_0;                                                           \
-        struct kern_qact a[MR];                                                                 \
-        for (int m = 0; m < MR; m++) a[m] = kern_qact_view(QUANT_Q8_0, xq + m * act_row, k);   \
-        __m256 acc[MR];                                                                         \
-        for (int m = 0; m < MR; m++) acc[m] = _mm256_setzero_ps();                              \
-        for (int64_t ib = 0; ib < nb; ib++) {                                                   \
-            __m256i is[MR];                                                                     \
-            for (int m = 0; m < MR; m++) is[m] = _mm256_setzero_si256();                        \
-            for (int g = 0; g < 8; g++) {                                                       \
-                const __m256i ws = _mm256_xor_si256(load8(q + ib * 512 + g * 64),               \
-                                                    _mm256_set1_epi8((char)0x80));              \
-                const __m256i wa = _mm256_abs_epi8(ws);                                         \
-                for (int m = 0; m < MR; m++) {                                                  \
-                    const __m256i x = _mm256_sign_epi8(bcast4(a[m].qs + ib * QK8_0 + 4 * g), ws); \
-                    is[m] = _mm256_add_epi32(                                                   \
-                        is[m], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, x),                   \
-                                                 _mm256_set1_epi16(1)));                        \
-                }                                                                               \
-            }                                                                                   \
-            const __m256 dw = load_f16x8(meta + ib * 32 + 16 * h);                              \
-            for (int m = 0; m < MR; m++) {                                                      \
-                const __m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(a[m].d[ib]));                \
-                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[m]), dd, acc[m]);                \
-            }                                                                                   \
-        }                                                                                       \
-        for (int m = 0; m < MR; m++) store_rows(y + m * ldy, acc[m], rows);                     \
+#define TILE_Q8_0(MR)                                                                              \
+    static void tile_q8_0_##MR(TILE_ARGS) {                                                        \
+        const int64_t nb = k / QK8_0;                                                              \
+        struct kern_qact a[MR];                                                                    \
+        for (int m = 0; m < MR; m++) a[m] = kern_qact_view(QUANT_Q8_0, xq + m * act_row, k);       \
+        __m256 acc[MR];                                                                            \
+        for (int m = 0; m < MR; m++) acc[m] = _mm256_setzero_ps();                                 \
+        for (int64_t ib = 0; ib < nb; ib++) {                                                      \
+            __m256i is[MR];                                                                        \
+            for (int m = 0; m < MR; m++) is[m] = _mm256_setzero_si256();                           \
+            for (int g = 0; g < 8; g++) {                                                          \
+                const __m256i ws =                                                                 \
+                    _mm256_xor_si256(load8(q + ib * 512 + g * 64), _mm256_set1_epi8((char)0x80));  \
+                const __m256i wa = _mm256_abs_epi8(ws);                                            \
+                for (int m = 0; m < MR; m++) {                                                     \
+                    const __m256i x = _mm256_sign_epi8(bcast4(a[m].qs + ib * QK8_0 + 4 * g), ws);  \
+                    is[m] = _mm256_add_epi32(is[m], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, x), \
+                                                                      _mm256_set1_epi16(1)));      \
+                }                                                                                  \
+            }                                                                                      \
+            const __m256 dw = load_f16x8(meta + ib * 32 + 16 * h);                                 \
+            for (int m = 0; m < MR; m++) {                                                         \
+                const __m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(a[m].d[ib]));                   \
+                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[m]), dd, acc[m]);                   \
+            }                                                                                      \
+        }                                                                                          \
+        for (int m = 0; m < MR; m++) store_rows(y + m * ldy, acc[m], rows);                        \
     }
 
-#define TILE_Q4_0(MR)                                                                           \
-    static void tile_q4_0_##MR(TILE_ARGS) {                                                     \
-        const int64_t nb = k / QK4_0;                                                           \
-        const __m256i m4 = _mm256_set1_epi8(15);                                                \
-        struct kern_qact a[MR];                                                                 \
-        for (int m = 0; m < MR; m++) a[m] = kern_qact_view(QUANT_Q4_0, xq + m * act_row, k);   \
-        __m256 acc[MR];                                                                         \
-        for (int m = 0; m < MR; m++) acc[m] = _mm256_setzero_ps();                              \
-        for (int64_t ib = 0; ib < nb; ib++) {                                                   \
-            __m256i t16[MR];                                                                    \
-            for (int m = 0; m < MR; m++) t16[m] = _mm256_setzero_si256();                       \
-            for (int c = 0; c < 4; c++) {                                                       \
-                const __m256i v = load8(q + ib * 256 + c * 64);                                 \
-                const __m256i lo = _mm256_and_si256(v, m4);                                     \
-                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);               \
-                for (int m = 0; m < MR; m++) {                                                  \
-                    DOT_U8(t16[m], lo, bcast4(a[m].qs + ib * QK4_0 + 4 * c));                   \
-                    DOT_U8(t16[m], hi, bcast4(a[m].qs + ib * QK4_0 + 16 + 4 * c));              \
-                }                                                                               \
-            }                                                                                   \
-            const __m256 dw = load_f16x8(meta + ib * 32 + 16 * h);                              \
-            for (int m = 0; m < MR; m++) {                                                      \
-                __m256i is = _mm256_set1_epi32(a[m].n8[ib]);                                    \
-                FLUSH16(is, t16[m]);                                                            \
-                const __m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(a[m].d[ib]));                \
-                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), dd, acc[m]);                   \
-            }                                                                                   \
-        }                                                                                       \
-        for (int m = 0; m < MR; m++) store_rows(y + m * ldy, acc[m], rows);                     \
+#define TILE_Q4_0(MR)                                                                        \
+    static void tile_q4_0_##MR(TILE_ARGS) {                                                  \
+        const int64_t nb = k / QK4_0;                                                        \
+        const __m256i m4 = _mm256_set1_epi8(15);                                             \
+        struct kern_qact a[MR];                                                              \
+        for (int m = 0; m < MR; m++) a[m] = kern_qact_view(QUANT_Q4_0, xq + m * act_row, k); \
+        __m256 acc[MR];                                                                      \
+        for (int m = 0; m < MR; m++) acc[m] = _mm256_setzero_ps();                           \
+        for (int64_t ib = 0; ib < nb; ib++) {                                                \
+            __m256i t16[MR];                                                                 \
+            for (int m = 0; m < MR; m++) t16[m] = _mm256_setzero_si256();                    \
+            for (int c = 0; c < 4; c++) {                                                    \
+                const __m256i v = load8(q + ib * 256 + c * 64);                              \
+                const __m256i lo = _mm256_and_si256(v, m4);                                  \
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);            \
+                for (int m = 0; m < MR; m++) {                                               \
+                    DOT_U8(t16[m], lo, bcast4(a[m].qs + ib * QK4_0 + 4 * c));                \
+                    DOT_U8(t16[m], hi, bcast4(a[m].qs + ib * QK4_0 + 16 + 4 * c));           \
+                }                                                                            \
+            }                                                                                \
+            const __m256 dw = load_f16x8(meta + ib * 32 + 16 * h);                           \
+            for (int m = 0; m < MR; m++) {                                                   \
+                __m256i is = _mm256_set1_epi32(a[m].n8[ib]);                                 \
+                FLUSH16(is, t16[m]);                                                         \
+                const __m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(a[m].d[ib]));             \
+                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), dd, acc[m]);                \
+            }                                                                                \
+        }                                                                                    \
+        for (int m = 0; m < MR; m++) store_rows(y + m * ldy, acc[m], rows);                  \
     }
 
-#define TILE_Q4_K(MR)                                                                           \
-    static void tile_q4_K_##MR(TILE_ARGS) {                                                     \
-        const int64_t nb = k / QK_K;                                                            \
-        const __m256i m4 = _mm256_set1_epi8(15);                                                \
-        struct kern_qact a[MR];                                                                 \
-        for (int m = 0; m < MR; m++) a[m] = kern_qact_view(QUANT_Q4_K, xq + m * act_row, k);   \
-        __m256 acc[MR];                                                                         \
-        for (int m = 0; m < MR; m++) acc[m] = _mm256_setzero_ps();                              \
-        for (int64_t ib = 0; ib < nb; ib++) {                                                   \
-            const uint8_t *mb = meta + ib * 320;                                                \
-            const __m256 d = load_f16x8(mb + 16 * h);                                           \
-            __m256 s[MR];                                                                       \
-            for (int m = 0; m < MR; m++) s[m] = _mm256_setzero_ps();                            \
-            for (int j = 0; j < 8; j++) {                                                       \
-                __m256i t16[MR];                                                                \
-                for (int m = 0; m < MR; m++) t16[m] = _mm256_setzero_si256();                   \
-                for (int t = 0; t < 8; t++) {                                                   \
-                    __m256i v = load8(q + ib * 2048 + (8 * (j / 2) + t) * 64);                  \
-                    if (j % 2) v = _mm256_srli_epi16(v, 4);                                     \
-                    const __m256i w = _mm256_and_si256(v, m4);                                  \
-                    for (int m = 0; m < MR; m++) {                                              \
-                        DOT_U8(t16[m], w, bcast4(a[m].qs + ib * QK_K + 64 * (j / 2) +           \
-                                                 32 * (j % 2) + 4 * t));                        \
-                    }                                                                           \
-                }                                                                               \
-                uint64_t sc8;                                                                   \
-                memcpy(&sc8, mb + 64 + 16 * j + 8 * h, 8);                                      \
-                const __m256 sc = _mm256_cvtepi32_ps(                                           \
-                    _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc8)));                   \
-                const __m256 dsc = _mm256_mul_ps(d, sc);                                        \
-                for (int m = 0; m < MR; m++) {                                                  \
-                    __m256i is = _mm256_setzero_si256();                                        \
-                    FLUSH16(is, t16[m]);                                                        \
-                    s[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), dsc, s[m]);                  \
-                }                                                                               \
-            }                                                                                   \
-            __m256i mn[MR];                                                                     \
-            for (int m = 0; m < MR; m++) mn[m] = _mm256_setzero_si256();                        \
-            for (int i = 0; i < 4; i++) {                                                       \
-                const __m256i mv = _mm256_cvtepu8_epi16(                                        \
-                    _mm_loadu_si128((const __m128i *)(mb + 192 + 32 * i + 16 * h)));            \
-                for (int m = 0; m < MR; m++) {                                                  \
-                    const __m256i b = bcast4((const int8_t *)(a[m].b32 + 8 * ib + 2 * i));      \
-                    mn[m] = _mm256_add_epi32(mn[m], _mm256_madd_epi16(mv, b));                  \
-                }                                                                               \
-            }                                                                                   \
-            const __m256 dmin = load_f16x8(mb + 32 + 16 * h);                                   \
-            for (int m = 0; m < MR; m++) {                                                      \
-                const __m256i neg = _mm256_sub_epi32(_mm256_setzero_si256(), mn[m]);            \
-                s[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(neg), dmin, s[m]);                    \
-                acc[m] = _mm256_fmadd_ps(s[m], _mm256_set1_ps(a[m].d[ib]), acc[m]);             \
-            }                                                                                   \
-        }                                                                                       \
-        for (int m = 0; m < MR; m++) store_rows(y + m * ldy, acc[m], rows);                     \
+#define TILE_Q4_K(MR)                                                                              \
+    static void tile_q4_K_##MR(TILE_ARGS) {                                                        \
+        const int64_t nb = k / QK_K;                                                               \
+        const __m256i m4 = _mm256_set1_epi8(15);                                                   \
+        struct kern_qact a[MR];                                                                    \
+        for (int m = 0; m < MR; m++) a[m] = kern_qact_view(QUANT_Q4_K, xq + m * act_row, k);       \
+        __m256 acc[MR];                                                                            \
+        for (int m = 0; m < MR; m++) acc[m] = _mm256_setzero_ps();                                 \
+        for (int64_t ib = 0; ib < nb; ib++) {                                                      \
+            const uint8_t *mb = meta + ib * 320;                                                   \
+            const __m256 d = load_f16x8(mb + 16 * h);                                              \
+            __m256 s[MR];                                                                          \
+            for (int m = 0; m < MR; m++) s[m] = _mm256_setzero_ps();                               \
+            for (int j = 0; j < 8; j++) {                                                          \
+                __m256i t16[MR];                                                                   \
+                for (int m = 0; m < MR; m++) t16[m] = _mm256_setzero_si256();                      \
+                for (int t = 0; t < 8; t++) {                                                      \
+                    __m256i v = load8(q + ib * 2048 + (8 * (j / 2) + t) * 64);                     \
+                    if (j % 2) v = _mm256_srli_epi16(v, 4);                                        \
+                    const __m256i w = _mm256_and_si256(v, m4);                                     \
+                    for (int m = 0; m < MR; m++) {                                                 \
+                        DOT_U8(t16[m], w,                                                          \
+                               bcast4(a[m].qs + ib * QK_K + 64 * (j / 2) + 32 * (j % 2) + 4 * t)); \
+                    }                                                                              \
+                }                                                                                  \
+                uint64_t sc8;                                                                      \
+                memcpy(&sc8, mb + 64 + 16 * j + 8 * h, 8);                                         \
+                const __m256 sc =                                                                  \
+                    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc8)));   \
+                const __m256 dsc = _mm256_mul_ps(d, sc);                                           \
+                for (int m = 0; m < MR; m++) {                                                     \
+                    __m256i is = _mm256_setzero_si256();                                           \
+                    FLUSH16(is, t16[m]);                                                           \
+                    s[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), dsc, s[m]);                     \
+                }                                                                                  \
+            }                                                                                      \
+            __m256i mn[MR];                                                                        \
+            for (int m = 0; m < MR; m++) mn[m] = _mm256_setzero_si256();                           \
+            for (int i = 0; i < 4; i++) {                                                          \
+                const __m256i mv = _mm256_cvtepu8_epi16(                                           \
+                    _mm_loadu_si128((const __m128i *)(mb + 192 + 32 * i + 16 * h)));               \
+                for (int m = 0; m < MR; m++) {                                                     \
+                    const __m256i b = bcast4((const int8_t *)(a[m].b32 + 8 * ib + 2 * i));         \
+                    mn[m] = _mm256_add_epi32(mn[m], _mm256_madd_epi16(mv, b));                     \
+                }                                                                                  \
+            }                                                                                      \
+            const __m256 dmin = load_f16x8(mb + 32 + 16 * h);                                      \
+            for (int m = 0; m < MR; m++) {                                                         \
+                const __m256i neg = _mm256_sub_epi32(_mm256_setzero_si256(), mn[m]);               \
+                s[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(neg), dmin, s[m]);                       \
+                acc[m] = _mm256_fmadd_ps(s[m], _mm256_set1_ps(a[m].d[ib]), acc[m]);                \
+            }                                                                                      \
+        }                                                                                          \
+        for (int m = 0; m < MR; m++) store_rows(y + m * ldy, acc[m], rows);                        \
     }
 
-#define TILE_Q6_K(MR)                                                                           \
-    static void tile_q6_K_##MR(TILE_ARGS) {                                                     \
-        const int64_t nb = k / QK_K;                                                            \
-        const __m256i m4 = _mm256_set1_epi8(15);                                                \
-        const __m256i m30 = _mm256_set1_epi8(0x30);                                             \
-        struct kern_qact a[MR];                                                                 \
-        for (int m = 0; m < MR; m++) a[m] = kern_qact_view(QUANT_Q6_K, xq + m * act_row, k);   \
-        __m256 acc[MR];                                                                         \
-        for (int m = 0; m < MR; m++) acc[m] = _mm256_setzero_ps();                              \
-        for (int64_t ib = 0; ib < nb; ib++) {                                                   \
-            const uint8_t *mb = meta + ib * 288;                                                \
-            const __m256 d = load_f16x8(mb + 16 * h);                                           \
-            __m256 s[MR];                                                                       \
-            for (int m = 0; m < MR; m++) s[m] = _mm256_setzero_ps();                            \
-            for (int j = 0; j < 16; j++) {                                                      \
-                const uint8_t *c = q + ib * 3072 + 192 * j;                                     \
-                const __m256i hb = load8(c + 128);                                              \
-                __m256i is[MR];                                                                 \
-                for (int m = 0; m < MR; m++) is[m] = _mm256_set1_epi32(a[m].n32[16 * ib + j]);  \
-                for (int hh = 0; hh < 2; hh++) {                                                \
-                    const __m256i n = load8(c + 64 * hh);                                       \
-                    const __m256i h0 = hh ? hb : _mm256_slli_epi16(hb, 4);                      \
-                    const __m256i h1 = hh ? _mm256_srli_epi16(hb, 2) : _mm256_slli_epi16(hb, 2); \
-                    const __m256i w0 = _mm256_or_si256(_mm256_and_si256(n, m4),                 \
-                                                       _mm256_and_si256(h0, m30));              \
-                    const __m256i w1 = _mm256_or_si256(                                         \
+#define TILE_Q6_K(MR)                                                                              \
+    static void tile_q6_K_##MR(TILE_ARGS) {                                                        \
+        const int64_t nb = k / QK_K;                                                               \
+        const __m256i m4 = _mm256_set1_epi8(15);                                                   \
+        const __m256i m30 = _mm256_set1_epi8(0x30);                                                \
+        struct kern_qact a[MR];                                                                    \
+        for (int m = 0; m < MR; m++) a[m] = kern_qact_view(QUANT_Q6_K, xq + m * act_row, k);       \
+        __m256 acc[MR];                                                                            \
+        for (int m = 0; m < MR; m++) acc[m] = _mm256_setzero_ps();                                 \
+        for (int64_t ib = 0; ib < nb; ib++) {                                                      \
+            const uint8_t *mb = meta + ib * 288;                                                   \
+            const __m256 d = load_f16x8(mb + 16 * h);                                              \
+            __m256 s[MR];                                                                          \
+            for (int m = 0; m < MR; m++) s[m] = _mm256_setzero_ps();                               \
+            for (int j = 0; j < 16; j++) {                                                         \
+                const uint8_t *c = q + ib * 3072 + 192 * j;                                        \
+                const __m256i hb = load8(c + 128);                                                 \
+                __m256i is[MR];                                                                    \
+                for (int m = 0; m < MR; m++) is[m] = _mm256_set1_epi32(a[m].n32[16 * ib + j]);     \
+                for (int hh = 0; hh < 2; hh++) {                                                   \
+                    const __m256i n = load8(c + 64 * hh);                                          \
+                    const __m256i h0 = hh ? hb : _mm256_slli_epi16(hb, 4);                         \
+                    const __m256i h1 = hh ? _mm256_srli_epi16(hb, 2) : _mm256_slli_epi16(hb, 2);   \
+                    const __m256i w0 =                                                             \
+                        _mm256_or_si256(_mm256_and_si256(n, m4), _mm256_and_si256(h0, m30));       \
+                    const __m256i w1 = _mm256_or_si256(                                            \
                         _mm256_and_si256(_mm256_srli_epi16(n, 4), m4), _mm256_and_si256(h1, m30)); \
-                    for (int m = 0; m < MR; m++) {                                              \
-                        const int8_t *x = a[m].qs + ib * QK_K + 16 * j + 8 * hh;                \
-                        __m256i t16 = _mm256_maddubs_epi16(w0, bcast4(x));                      \
-                        DOT_U8(t16, w1, bcast4(x + 4));                                         \
-                        FLUSH16(is[m], t16);                                                    \
-                    }                                                                           \
-                }                                                                               \
-                const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(                      \
-                    _mm_loadl_epi64((const __m128i *)(mb + 32 + 16 * j + 8 * h))));             \
-                const __m256 dsc = _mm256_mul_ps(d, sc);                                        \
-                for (int m = 0; m < MR; m++) {                                                  \
-                    s[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[m]), dsc, s[m]);               \
-                }                                                                               \
-            }                                                                                   \
-            for (int m = 0; m < MR; m++) {                                                      \
-                acc[m] = _mm256_fmadd_ps(s[m], _mm256_set1_ps(a[m].d[ib]), acc[m]);             \
-            }                                                                                   \
-        }                                                                                       \
-        for (int m = 0; m < MR; m++) store_rows(y + m * ldy, acc[m], rows);                     \
+                    for (int m = 0; m < MR; m++) {                                                 \
+                        const int8_t *x = a[m].qs + ib * QK_K + 16 * j + 8 * hh;                   \
+                        __m256i t16 = _mm256_maddubs_epi16(w0, bcast4(x));                         \
+                        DOT_U8(t16, w1, bcast4(x + 4));                                            \
+                        FLUSH16(is[m], t16);                                                       \
+                    }                                                                              \
+                }                                                                                  \
+                const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(                         \
+                    _mm_loadl_epi64((const __m128i *)(mb + 32 + 16 * j + 8 * h))));                \
+                const __m256 dsc = _mm256_mul_ps(d, sc);                                           \
+                for (int m = 0; m < MR; m++) {                                                     \
+                    s[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[m]), dsc, s[m]);                  \
+                }                                                                                  \
+            }                                                                                      \
+            for (int m = 0; m < MR; m++) {                                                         \
+                acc[m] = _mm256_fmadd_ps(s[m], _mm256_set1_ps(a[m].d[ib]), acc[m]);                \
+            }                                                                                      \
+        }                                                                                          \
+        for (int m = 0; m < MR; m++) store_rows(y + m * ldy, acc[m], rows);                        \
     }
 
 /* The 5th bits of group g (bit 8 b + g of each lane) as 0x10 in each byte. */
@@ -234,215 +235,219 @@ static inline __m256i bits2(__m256i c, int i) {
 }
 
 /* q5_0, q4_1, q5_1 (q4_0's chunks, 5th bits in the chunk after them, mins). */
-#define TILE_B32(NAME, TYPE, QB, MB, HBIT, INIT, MIN, MR)                                       \
-    static void tile_##NAME##_##MR(TILE_ARGS) {                                                 \
-        const int64_t nb = k / 32;                                                              \
-        const __m256i m4 = _mm256_set1_epi8(15);                                                \
-        struct kern_qact a[MR];                                                                 \
-        for (int m = 0; m < MR; m++) a[m] = kern_qact_view(TYPE, xq + m * act_row, k);         \
-        __m256 acc[MR];                                                                         \
-        for (int m = 0; m < MR; m++) acc[m] = _mm256_setzero_ps();                              \
-        for (int64_t ib = 0; ib < nb; ib++) {                                                   \
-            __m256i is[MR], t16[MR];                                                            \
-            for (int m = 0; m < MR; m++) {                                                      \
-                is[m] = INIT(m, ib);                                                            \
-                t16[m] = _mm256_setzero_si256();                                                \
-            }                                                                                   \
-            for (int c = 0; c < 4; c++) {                                                       \
-                const __m256i v = load8(q + ib * (QB) + c * 64);                                \
-                __m256i lo = _mm256_and_si256(v, m4);                                           \
-                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);                     \
-                if (HBIT) {                                                                     \
-                    const __m256i hb = load8(q + ib * (QB) + 256);                              \
-                    lo = _mm256_or_si256(lo, hbit16(hb, c));                                    \
-                    hi = _mm256_or_si256(hi, hbit16(hb, c + 4));                                \
-                }                                                                               \
-                for (int m = 0; m < MR; m++) {                                                  \
-                    DOT_U8(t16[m], lo, bcast4(a[m].qs + ib * 32 + 4 * c));                      \
-                    DOT_U8(t16[m], hi, bcast4(a[m].qs + ib * 32 + 16 + 4 * c));                 \
-                }                                                                               \
-                if (!(HBIT) ? c == 3 : c % 2 == 1) {  /* 5-bit pairs: four per int16 */         \
-                    for (int m = 0; m < MR; m++) {                                              \
-                        FLUSH16(is[m], t16[m]);                                                 \
-                        t16[m] = _mm256_setzero_si256();                                        \
-                    }                                                                           \
-                }                                                                               \
-            }                                                                                   \
-            const uint8_t *mb = meta + ib * (MB);                                               \
-            const __m256 dw = load_f16x8(mb + 16 * h);                                          \
-            for (int m = 0; m < MR; m++) {                                                      \
-                const __m256 dx = _mm256_set1_ps(a[m].d[ib]);                                   \
-                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[m]), _mm256_mul_ps(dw, dx), acc[m]); \
-                if (MIN) {                                                                      \
-                    acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(a[m].fs[ib]),                       \
-                                             _mm256_mul_ps(load_f16x8(mb + 32 + 16 * h), dx),   \
-                                             acc[m]);                                           \
-                }                                                                               \
-            }                                                                                   \
-        }                                                                                       \
-        for (int m = 0; m < MR; m++) store_rows(y + m * ldy, acc[m], rows);                     \
+#define TILE_B32(NAME, TYPE, QB, MB, HBIT, INIT, MIN, MR)                                         \
+    static void tile_##NAME##_##MR(TILE_ARGS) {                                                   \
+        const int64_t nb = k / 32;                                                                \
+        const __m256i m4 = _mm256_set1_epi8(15);                                                  \
+        struct kern_qact a[MR];                                                                   \
+        for (int m = 0; m < MR; m++) a[m] = kern_qact_view(TYPE, xq + m * act_row, k);            \
+        __m256 acc[MR];                                                                           \
+        for (int m = 0; m < MR; m++) acc[m] = _mm256_setzero_ps();                                \
+        for (int64_t ib = 0; ib < nb; ib++) {                                                     \
+            __m256i is[MR], t16[MR];                                                              \
+            for (int m = 0; m < MR; m++) {                                                        \
+                is[m] = INIT(m, ib);                                                              \
+                t16[m] = _mm256_setzero_si256();                                                  \
+            }                                                                                     \
+            for (int c = 0; c < 4; c++) {                                                         \
+                const __m256i v = load8(q + ib * (QB) + c * 64);                                  \
+                __m256i lo = _mm256_and_si256(v, m4);                                             \
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);                       \
+                if (HBIT) {                                                                       \
+                    const __m256i hb = load8(q + ib * (QB) + 256);                                \
+                    lo = _mm256_or_si256(lo, hbit16(hb, c));                                      \
+                    hi = _mm256_or_si256(hi, hbit16(hb, c + 4));                                  \
+                }                                                                                 \
+                for (int m = 0; m < MR; m++) {                                                    \
+                    DOT_U8(t16[m], lo, bcast4(a[m].qs + ib * 32 + 4 * c));                        \
+                    DOT_U8(t16[m], hi, bcast4(a[m].qs + ib * 32 + 16 + 4 * c));                   \
+                }                                                                                 \
+                if (!(HBIT) ? c == 3 : c % 2 == 1) { /* 5-bit pairs: four per int16 */            \
+                    for (int m = 0; m < MR; m++) {                                                \
+                        FLUSH16(is[m], t16[m]);                                                   \
+                        t16[m] = _mm256_setzero_si256();                                          \
+                    }                                                                             \
+                }                                                                                 \
+            }                                                                                     \
+            const uint8_t *mb = meta + ib * (MB);                                                 \
+            const __m256 dw = load_f16x8(mb + 16 * h);                                            \
+            for (int m = 0; m < MR; m++) {                                                        \
+                const __m256 dx = _mm256_set1_ps(a[m].d[ib]);                                     \
+                acc[m] =                                                                          \
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[m]), _mm256_mul_ps(dw, dx), acc[m]);    \
+                if (MIN) {                                                                        \
+                    acc[m] =                                                                      \
+                        _mm256_fmadd_ps(_mm256_set1_ps(a[m].fs[ib]),                              \
+                                        _mm256_mul_ps(load_f16x8(mb + 32 + 16 * h), dx), acc[m]); \
+                }                                                                                 \
+            }                                                                                     \
+        }                                                                                         \
+        for (int m = 0; m < MR; m++) store_rows(y + m * ldy, acc[m], rows);                       \
     }
 
-#define INIT_N16(m, ib) _mm256_set1_epi32(a[m].n16[ib])
+#define INIT_N16(m, ib)  _mm256_set1_epi32(a[m].n16[ib])
 #define INIT_ZERO(m, ib) _mm256_setzero_si256()
-#define TILE_Q5_0(MR) TILE_B32(q5_0, QUANT_Q5_0, 320, 32, 1, INIT_N16, 0, MR)
-#define TILE_Q4_1(MR) TILE_B32(q4_1, QUANT_Q4_1, 256, 64, 0, INIT_ZERO, 1, MR)
-#define TILE_Q5_1(MR) TILE_B32(q5_1, QUANT_Q5_1, 320, 64, 1, INIT_ZERO, 1, MR)
+#define TILE_Q5_0(MR)    TILE_B32(q5_0, QUANT_Q5_0, 320, 32, 1, INIT_N16, 0, MR)
+#define TILE_Q4_1(MR)    TILE_B32(q4_1, QUANT_Q4_1, 256, 64, 0, INIT_ZERO, 1, MR)
+#define TILE_Q5_1(MR)    TILE_B32(q5_1, QUANT_Q5_1, 320, 64, 1, INIT_ZERO, 1, MR)
 
-#define TILE_Q5_K(MR)                                                                           \
-    static void tile_q5_K_##MR(TILE_ARGS) {                                                     \
-        const int64_t nb = k / QK_K;                                                            \
-        const __m256i m4 = _mm256_set1_epi8(15);                                                \
-        struct kern_qact a[MR];                                                                 \
-        for (int m = 0; m < MR; m++) a[m] = kern_qact_view(QUANT_Q5_K, xq + m * act_row, k);   \
-        __m256 acc[MR];                                                                         \
-        for (int m = 0; m < MR; m++) acc[m] = _mm256_setzero_ps();                              \
-        for (int64_t ib = 0; ib < nb; ib++) {                                                   \
-            const uint8_t *mb = meta + ib * 320;                                                \
-            const __m256 d = load_f16x8(mb + 16 * h);                                           \
-            __m256 s[MR];                                                                       \
-            for (int m = 0; m < MR; m++) s[m] = _mm256_setzero_ps();                            \
-            for (int j = 0; j < 8; j++) {                                                       \
-                const __m256i hb = load8(q + ib * 2560 + 2048 + 64 * j);                        \
-                __m256i is[MR], t16[MR];                                                        \
-                for (int m = 0; m < MR; m++) {                                                  \
-                    is[m] = _mm256_setzero_si256();                                             \
-                    t16[m] = _mm256_setzero_si256();                                            \
-                }                                                                               \
-                for (int t = 0; t < 8; t++) {                                                   \
-                    __m256i v = load8(q + ib * 2560 + (8 * (j / 2) + t) * 64);                  \
-                    if (j % 2) v = _mm256_srli_epi16(v, 4);                                     \
-                    const __m256i w = _mm256_or_si256(_mm256_and_si256(v, m4), hbit16(hb, t));  \
-                    for (int m = 0; m < MR; m++) {                                              \
-                        DOT_U8(t16[m], w, bcast4(a[m].qs + ib * QK_K + 64 * (j / 2) +           \
-                                                 32 * (j % 2) + 4 * t));                        \
-                    }                                                                           \
-                    if (t % 4 == 3) {                                                           \
-                        for (int m = 0; m < MR; m++) {                                          \
-                            FLUSH16(is[m], t16[m]);                                             \
-                            t16[m] = _mm256_setzero_si256();                                    \
-                        }                                                                       \
-                    }                                                                           \
-                }                                                                               \
-                uint64_t sc8;                                                                   \
-                memcpy(&sc8, mb + 64 + 16 * j + 8 * h, 8);                                      \
-                const __m256 sc = _mm256_cvtepi32_ps(                                           \
-                    _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc8)));                   \
-                const __m256 dsc = _mm256_mul_ps(d, sc);                                        \
-                for (int m = 0; m < MR; m++) {                                                  \
-                    s[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[m]), dsc, s[m]);               \
-                }                                                                               \
-            }                                                                                   \
-            __m256i mn[MR];                                                                     \
-            for (int m = 0; m < MR; m++) mn[m] = _mm256_setzero_si256();                        \
-            for (int i = 0; i < 4; i++) {                                                       \
-                const __m256i mv = _mm256_cvtepu8_epi16(                                        \
-                    _mm_loadu_si128((const __m128i *)(mb + 192 + 32 * i + 16 * h)));            \
-                for (int m = 0; m < MR; m++) {                                                  \
-                    const __m256i b = bcast4((const int8_t *)(a[m].b32 + 8 * ib + 2 * i));      \
-                    mn[m] = _mm256_add_epi32(mn[m], _mm256_madd_epi16(mv, b));                  \
-                }                                                                               \
-            }                                                                                   \
-            const __m256 dmin = load_f16x8(mb + 32 + 16 * h);                                   \
-            for (int m = 0; m < MR; m++) {                                                      \
-                const __m256i neg = _mm256_sub_epi32(_mm256_setzero_si256(), mn[m]);            \
-                s[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(neg), dmin, s[m]);                    \
-                acc[m] = _mm256_fmadd_ps(s[m], _mm256_set1_ps(a[m].d[ib]), acc[m]);             \
-            }                                                                                   \
-        }                                                                                       \
-        for (int m = 0; m < MR; m++) store_rows(y + m * ldy, acc[m], rows);                     \
+#define TILE_Q5_K(MR)                                                                              \
+    static void tile_q5_K_##MR(TILE_ARGS) {                                                        \
+        const int64_t nb = k / QK_K;                                                               \
+        const __m256i m4 = _mm256_set1_epi8(15);                                                   \
+        struct kern_qact a[MR];                                                                    \
+        for (int m = 0; m < MR; m++) a[m] = kern_qact_view(QUANT_Q5_K, xq + m * act_row, k);       \
+        __m256 acc[MR];                                                                            \
+        for (int m = 0; m < MR; m++) acc[m] = _mm256_setzero_ps();                                 \
+        for (int64_t ib = 0; ib < nb; ib++) {                                                      \
+            const uint8_t *mb = meta + ib * 320;                                                   \
+            const __m256 d = load_f16x8(mb + 16 * h);                                              \
+            __m256 s[MR];                                                                          \
+            for (int m = 0; m < MR; m++) s[m] = _mm256_setzero_ps();                               \
+            for (int j = 0; j < 8; j++) {                                                          \
+                const __m256i hb = load8(q + ib * 2560 + 2048 + 64 * j);                           \
+                __m256i is[MR], t16[MR];                                                           \
+                for (int m = 0; m < MR; m++) {                                                     \
+                    is[m] = _mm256_setzero_si256();                                                \
+                    t16[m] = _mm256_setzero_si256();                                               \
+                }                                                                                  \
+                for (int t = 0; t < 8; t++) {                                                      \
+                    __m256i v = load8(q + ib * 2560 + (8 * (j / 2) + t) * 64);                     \
+                    if (j % 2) v = _mm256_srli_epi16(v, 4);                                        \
+                    const __m256i w = _mm256_or_si256(_mm256_and_si256(v, m4), hbit16(hb, t));     \
+                    for (int m = 0; m < MR; m++) {                                                 \
+                        DOT_U8(t16[m], w,                                                          \
+                               bcast4(a[m].qs + ib * QK_K + 64 * (j / 2) + 32 * (j % 2) + 4 * t)); \
+                    }                                                                              \
+                    if (t % 4 == 3) {                                                              \
+                        for (int m = 0; m < MR; m++) {                                             \
+                            FLUSH16(is[m], t16[m]);                                                \
+                            t16[m] = _mm256_setzero_si256();                                       \
+                        }                                                                          \
+                    }                                                                              \
+                }                                                                                  \
+                uint64_t sc8;                                                                      \
+                memcpy(&sc8, mb + 64 + 16 * j + 8 * h, 8);                                         \
+                const __m256 sc =                                                                  \
+                    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc8)));   \
+                const __m256 dsc = _mm256_mul_ps(d, sc);                                           \
+                for (int m = 0; m < MR; m++) {                                                     \
+                    s[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[m]), dsc, s[m]);                  \
+                }                                                                                  \
+            }                                                                                      \
+            __m256i mn[MR];                                                                        \
+            for (int m = 0; m < MR; m++) mn[m] = _mm256_setzero_si256();                           \
+            for (int i = 0; i < 4; i++) {                                                          \
+                const __m256i mv = _mm256_cvtepu8_epi16(                                           \
+                    _mm_loadu_si128((const __m128i *)(mb + 192 + 32 * i + 16 * h)));               \
+                for (int m = 0; m < MR; m++) {                                                     \
+                    const __m256i b = bcast4((const int8_t *)(a[m].b32 + 8 * ib + 2 * i));         \
+                    mn[m] = _mm256_add_epi32(mn[m], _mm256_madd_epi16(mv, b));                     \
+                }                                                                                  \
+            }                                                                                      \
+            const __m256 dmin = load_f16x8(mb + 32 + 16 * h);                                      \
+            for (int m = 0; m < MR; m++) {                                                         \
+                const __m256i neg = _mm256_sub_epi32(_mm256_setzero_si256(), mn[m]);               \
+                s[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(neg), dmin, s[m]);                       \
+                acc[m] = _mm256_fmadd_ps(s[m], _mm256_set1_ps(a[m].d[ib]), acc[m]);                \
+            }                                                                                      \
+        }                                                                                          \
+        for (int m = 0; m < MR; m++) store_rows(y + m * ldy, acc[m], rows);                        \
     }
 
-#define TILE_Q3_K(MR)                                                                           \
-    static void tile_q3_K_##MR(TILE_ARGS) {                                                     \
-        const int64_t nb = k / QK_K;                                                            \
-        struct kern_qact a[MR];                                                                 \
-        for (int m = 0; m < MR; m++) a[m] = kern_qact_view(QUANT_Q3_K, xq + m * act_row, k);   \
-        __m256 acc[MR];                                                                         \
-        for (int m = 0; m < MR; m++) acc[m] = _mm256_setzero_ps();                              \
-        for (int64_t ib = 0; ib < nb; ib++) {                                                   \
-            const uint8_t *mb = meta + ib * 288;                                                \
-            const __m256 d = load_f16x8(mb + 16 * h);                                           \
-            __m256 s[MR];                                                                       \
-            for (int m = 0; m < MR; m++) s[m] = _mm256_setzero_ps();                            \
-            for (int j = 0; j < 16; j++) {                                                      \
-                const __m256i c2 = load8(q + ib * 1536 + 64 * j);                               \
-                const __m256i hb = load8(q + ib * 1536 + 1024 + 64 * (j / 2));                  \
-                __m256i t16[MR];                                                                \
-                for (int m = 0; m < MR; m++) t16[m] = _mm256_setzero_si256();                   \
-                for (int i = 0; i < 4; i++) {                                                   \
+#define TILE_Q3_K(MR)                                                                            \
+    static void tile_q3_K_##MR(TILE_ARGS) {                                                      \
+        const int64_t nb = k / QK_K;                                                             \
+        struct kern_qact a[MR];                                                                  \
+        for (int m = 0; m < MR; m++) a[m] = kern_qact_view(QUANT_Q3_K, xq + m * act_row, k);     \
+        __m256 acc[MR];                                                                          \
+        for (int m = 0; m < MR; m++) acc[m] = _mm256_setzero_ps();                               \
+        for (int64_t ib = 0; ib < nb; ib++) {                                                    \
+            const uint8_t *mb = meta + ib * 288;                                                 \
+            const __m256 d = load_f16x8(mb + 16 * h);                                            \
+            __m256 s[MR];                                                                        \
+            for (int m = 0; m < MR; m++) s[m] = _mm256_setzero_ps();                             \
+            for (int j = 0; j < 16; j++) {                                                       \
+                const __m256i c2 = load8(q + ib * 1536 + 64 * j);                                \
+                const __m256i hb = load8(q + ib * 1536 + 1024 + 64 * (j / 2));                   \
+                __m256i t16[MR];                                                                 \
+                for (int m = 0; m < MR; m++) t16[m] = _mm256_setzero_si256();                    \
+                for (int i = 0; i < 4; i++) {                                                    \
                     const __m256i w = _mm256_or_si256(bits2(c2, i), hbit4(hb, 4 * (j % 2) + i)); \
-                    for (int m = 0; m < MR; m++) {                                              \
-                        DOT_U8(t16[m], w, bcast4(a[m].qs + ib * QK_K + 16 * j + 4 * i));        \
-                    }                                                                           \
-                }                                                                               \
-                const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(                      \
-                    _mm_loadl_epi64((const __m128i *)(mb + 32 + 16 * j + 8 * h))));             \
-                const __m256 dsc = _mm256_mul_ps(d, sc);                                        \
-                for (int m = 0; m < MR; m++) {                                                  \
-                    __m256i is = _mm256_set1_epi32(a[m].n4[16 * ib + j]);                       \
-                    FLUSH16(is, t16[m]);                                                        \
-                    s[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), dsc, s[m]);                  \
-                }                                                                               \
-            }                                                                                   \
-            for (int m = 0; m < MR; m++) {                                                      \
-                acc[m] = _mm256_fmadd_ps(s[m], _mm256_set1_ps(a[m].d[ib]), acc[m]);             \
-            }                                                                                   \
-        }                                                                                       \
-        for (int m = 0; m < MR; m++) store_rows(y + m * ldy, acc[m], rows);                     \
+                    for (int m = 0; m < MR; m++) {                                               \
+                        DOT_U8(t16[m], w, bcast4(a[m].qs + ib * QK_K + 16 * j + 4 * i));         \
+                    }                                                                            \
+                }                                                                                \
+                const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(                       \
+                    _mm_loadl_epi64((const __m128i *)(mb + 32 + 16 * j + 8 * h))));              \
+                const __m256 dsc = _mm256_mul_ps(d, sc);                                         \
+                for (int m = 0; m < MR; m++) {                                                   \
+                    __m256i is = _mm256_set1_epi32(a[m].n4[16 * ib + j]);                        \
+                    FLUSH16(is, t16[m]);                                                         \
+                    s[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), dsc, s[m]);                   \
+                }                                                                                \
+            }                                                                                    \
+            for (int m = 0; m < MR; m++) {                                                       \
+                acc[m] = _mm256_fmadd_ps(s[m], _mm256_set1_ps(a[m].d[ib]), acc[m]);              \
+            }                                                                                    \
+        }                                                                                        \
+        for (int m = 0; m < MR; m++) store_rows(y + m * ldy, acc[m], rows);                      \
     }
 
-#define TILE_Q2_K(MR)                                                                           \
-    static void tile_q2_K_##MR(TILE_ARGS) {                                                     \
-        const int64_t nb = k / QK_K;                                                            \
-        struct kern_qact a[MR];                                                                 \
-        for (int m = 0; m < MR; m++) a[m] = kern_qact_view(QUANT_Q2_K, xq + m * act_row, k);   \
-        __m256 acc[MR];                                                                         \
-        for (int m = 0; m < MR; m++) acc[m] = _mm256_setzero_ps();                              \
-        for (int64_t ib = 0; ib < nb; ib++) {                                                   \
-            const uint8_t *mb = meta + ib * 320;                                                \
-            const __m256 d = load_f16x8(mb + 16 * h);                                           \
-            __m256 s[MR];                                                                       \
-            for (int m = 0; m < MR; m++) s[m] = _mm256_setzero_ps();                            \
-            for (int j = 0; j < 16; j++) {                                                      \
-                const __m256i c2 = load8(q + ib * 1024 + 64 * j);                               \
-                __m256i t16[MR];                                                                \
-                for (int m = 0; m < MR; m++) t16[m] = _mm256_setzero_si256();                   \
-                for (int i = 0; i < 4; i++) {                                                   \
-                    const __m256i w = bits2(c2, i);                                             \
-                    for (int m = 0; m < MR; m++) {                                              \
-                        DOT_U8(t16[m], w, bcast4(a[m].qs + ib * QK_K + 16 * j + 4 * i));        \
-                    }                                                                           \
-                }                                                                               \
-                __m256i wsc = _mm256_cvtepu16_epi32(                                            \
-                    _mm_loadu_si128((const __m128i *)(mb + 64 + 32 * (j / 2) + 16 * h)));       \
-                if (j % 2) wsc = _mm256_srli_epi32(wsc, 8);                                     \
-                const __m256 sc = _mm256_cvtepi32_ps(_mm256_and_si256(wsc, _mm256_set1_epi32(15))); \
-                const __m256 dsc = _mm256_mul_ps(d, sc);                                        \
-                for (int m = 0; m < MR; m++) {                                                  \
-                    __m256i is = _mm256_setzero_si256();                                        \
-                    FLUSH16(is, t16[m]);                                                        \
-                    s[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), dsc, s[m]);                  \
-                }                                                                               \
-            }                                                                                   \
-            __m256i mn[MR];                                                                     \
-            for (int m = 0; m < MR; m++) mn[m] = _mm256_setzero_si256();                        \
-            for (int i = 0; i < 8; i++) {                                                       \
-                const __m256i mv = _mm256_srli_epi16(_mm256_cvtepu8_epi16(                      \
-                    _mm_loadu_si128((const __m128i *)(mb + 64 + 32 * i + 16 * h))), 4);         \
-                for (int m = 0; m < MR; m++) {                                                  \
-                    const __m256i b = bcast4((const int8_t *)(a[m].b16 + 16 * ib + 2 * i));     \
-                    mn[m] = _mm256_add_epi32(mn[m], _mm256_madd_epi16(mv, b));                  \
-                }                                                                               \
-            }                                                                                   \
-            const __m256 dmin = load_f16x8(mb + 32 + 16 * h);                                   \
-            for (int m = 0; m < MR; m++) {                                                      \
-                const __m256i neg = _mm256_sub_epi32(_mm256_setzero_si256(), mn[m]);            \
-                s[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(neg), dmin, s[m]);                    \
-                acc[m] = _mm256_fmadd_ps(s[m], _mm256_set1_ps(a[m].d[ib]), acc[m]);             \
-            }                                                                                   \
-        }                                                                                       \
-        for (int m = 0; m < MR; m++) store_rows(y + m * ldy, acc[m], rows);                     \
+#define TILE_Q2_K(MR)                                                                        \
+    static void tile_q2_K_##MR(TILE_ARGS) {                                                  \
+        const int64_t nb = k / QK_K;                                                         \
+        struct kern_qact a[MR];                                                              \
+        for (int m = 0; m < MR; m++) a[m] = kern_qact_view(QUANT_Q2_K, xq + m * act_row, k); \
+        __m256 acc[MR];                                                                      \
+        for (int m = 0; m < MR; m++) acc[m] = _mm256_setzero_ps();                           \
+        for (int64_t ib = 0; ib < nb; ib++) {                                                \
+            const uint8_t *mb = meta + ib * 320;                                             \
+            const __m256 d = load_f16x8(mb + 16 * h);                                        \
+            __m256 s[MR];                                                                    \
+            for (int m = 0; m < MR; m++) s[m] = _mm256_setzero_ps();                         \
+            for (int j = 0; j < 16; j++) {                                                   \
+                const __m256i c2 = load8(q + ib * 1024 + 64 * j);                            \
+                __m256i t16[MR];                                                             \
+                for (int m = 0; m < MR; m++) t16[m] = _mm256_setzero_si256();                \
+                for (int i = 0; i < 4; i++) {                                                \
+                    const __m256i w = bits2(c2, i);                                          \
+                    for (int m = 0; m < MR; m++) {                                           \
+                        DOT_U8(t16[m], w, bcast4(a[m].qs + ib * QK_K + 16 * j + 4 * i));     \
+                    }                                                                        \
+                }                                                                            \
+                __m256i wsc = _mm256_cvtepu16_epi32(                                         \
+                    _mm_loadu_si128((const __m128i *)(mb + 64 + 32 * (j / 2) + 16 * h)));    \
+                if (j % 2) wsc = _mm256_srli_epi32(wsc, 8);                                  \
+                const __m256 sc =                                                            \
+                    _mm256_cvtepi32_ps(_mm256_and_si256(wsc, _mm256_set1_epi32(15)));        \
+                const __m256 dsc = _mm256_mul_ps(d, sc);                                     \
+                for (int m = 0; m < MR; m++) {                                               \
+                    __m256i is = _mm256_setzero_si256();                                     \
+                    FLUSH16(is, t16[m]);                                                     \
+                    s[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), dsc, s[m]);               \
+                }                                                                            \
+            }                                                                                \
+            __m256i mn[MR];                                                                  \
+            for (int m = 0; m < MR; m++) mn[m] = _mm256_setzero_si256();                     \
+            for (int i = 0; i < 8; i++) {                                                    \
+                const __m256i mv = _mm256_srli_epi16(                                        \
+                    _mm256_cvtepu8_epi16(                                                    \
+                        _mm_loadu_si128((const __m128i *)(mb + 64 + 32 * i + 16 * h))),      \
+                    4);                                                                      \
+                for (int m = 0; m < MR; m++) {                                               \
+                    const __m256i b = bcast4((const int8_t *)(a[m].b16 + 16 * ib + 2 * i));  \
+                    mn[m] = _mm256_add_epi32(mn[m], _mm256_madd_epi16(mv, b));               \
+                }                                                                            \
+            }                                                                                \
+            const __m256 dmin = load_f16x8(mb + 32 + 16 * h);                                \
+            for (int m = 0; m < MR; m++) {                                                   \
+                const __m256i neg = _mm256_sub_epi32(_mm256_setzero_si256(), mn[m]);         \
+                s[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(neg), dmin, s[m]);                 \
+                acc[m] = _mm256_fmadd_ps(s[m], _mm256_set1_ps(a[m].d[ib]), acc[m]);          \
+            }                                                                                \
+        }                                                                                    \
+        for (int m = 0; m < MR; m++) store_rows(y + m * ldy, acc[m], rows);                  \
     }
 
 typedef void (*qtile_fn)(TILE_ARGS);
@@ -476,19 +481,17 @@ static void run(enum quant_type t, const qtile_fn *tiles, int mr_max, int64_t q_
     }
 }
 
-TILE_Q8_0(1) TILE_Q8_0(2) TILE_Q8_0(3) TILE_Q8_0(4)
-TILE_Q4_0(1) TILE_Q4_0(2) TILE_Q4_0(3) TILE_Q4_0(4)
-TILE_Q4_K(1) TILE_Q4_K(2) TILE_Q4_K(3)
-TILE_Q6_K(1) TILE_Q6_K(2) TILE_Q6_K(3)
-TILE_Q5_0(1) TILE_Q5_0(2) TILE_Q5_0(3) TILE_Q5_0(4)
-TILE_Q4_1(1) TILE_Q4_1(2) TILE_Q4_1(3) TILE_Q4_1(4)
-TILE_Q5_1(1) TILE_Q5_1(2) TILE_Q5_1(3) TILE_Q5_1(4)
-TILE_Q5_K(1) TILE_Q5_K(2) TILE_Q5_K(3)
-TILE_Q3_K(1) TILE_Q3_K(2) TILE_Q3_K(3)
-TILE_Q2_K(1) TILE_Q2_K(2) TILE_Q2_K(3)
+TILE_Q8_0(1)
+TILE_Q8_0(2) TILE_Q8_0(3) TILE_Q8_0(4) TILE_Q4_0(1) TILE_Q4_0(2) TILE_Q4_0(3) TILE_Q4_0(4)
+    TILE_Q4_K(1) TILE_Q4_K(2) TILE_Q4_K(3) TILE_Q6_K(1) TILE_Q6_K(2) TILE_Q6_K(3) TILE_Q5_0(1)
+        TILE_Q5_0(2) TILE_Q5_0(3) TILE_Q5_0(4) TILE_Q4_1(1) TILE_Q4_1(2) TILE_Q4_1(3) TILE_Q4_1(4)
+            TILE_Q5_1(1) TILE_Q5_1(2) TILE_Q5_1(3) TILE_Q5_1(4) TILE_Q5_K(1) TILE_Q5_K(2)
+                TILE_Q5_K(3) TILE_Q3_K(1) TILE_Q3_K(2) TILE_Q3_K(3) TILE_Q2_K(1) TILE_Q2_K(2)
+                    TILE_Q2_K(3)
 
-void kern_qpanel_avx2_q8_0(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
-                           int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y) {
+                        void kern_qpanel_avx2_q8_0(const void *restrict xq, int64_t n_tokens,
+                                                   const void *restrict pw, int64_t k, int64_t n,
+                                                   int64_t p0, int64_t p1, float *restrict y) {
     static const qtile_fn tiles[] = {tile_q8_0_1, tile_q8_0_2, tile_q8_0_3, tile_q8_0_4};
     run(QUANT_Q8_0, tiles, 4, 512, xq, n_tokens, pw, k, n, p0, p1, y);
 }
@@ -558,7 +561,8 @@ static inline __m256i round8(const float *x, float id) {
 static inline float max_abs(const float *x, int n) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 m = _mm256_setzero_ps();
-    for (int i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+    for (int i = 0; i < n; i += 8)
+        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
     __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
     h = _mm_max_ps(h, _mm_movehl_ps(h, h));
     h = _mm_max_ss(h, _mm_movehdup_ps(h));
@@ -567,7 +571,7 @@ static inline float max_abs(const float *x, int n) {
 
 /* Stores 16 values (two round8 results) as int8 at dst; returns their sum. */
 static inline int32_t store16(int8_t *dst, __m256i q0, __m256i q1) {
-    const __m256i w = _mm256_packs_epi32(q0, q1);              // 16 x int16, lanes interleaved
+    const __m256i w = _mm256_packs_epi32(q0, q1);  // 16 x int16, lanes interleaved
     const __m128i b = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
     // order after the two packs: q0[0..3] q1[0..3] q0[4..7] q1[4..7]
     _mm_storeu_si128((__m128i *)dst, _mm_shuffle_epi32(b, _MM_SHUFFLE(3, 1, 2, 0)));

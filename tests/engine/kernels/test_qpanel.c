@@ -31,9 +31,8 @@ static float frand(void) {  // uniform in [-1, 1)
     return (float)rnd() / (float)(1u << 23) - 1.0f;
 }
 
-static const enum quant_type types[] = {QUANT_Q8_0, QUANT_Q4_0, QUANT_Q4_K, QUANT_Q6_K,
-                                        QUANT_Q5_0, QUANT_Q4_1, QUANT_Q5_1, QUANT_Q2_K,
-                                        QUANT_Q3_K, QUANT_Q5_K};
+static const enum quant_type types[] = {QUANT_Q8_0, QUANT_Q4_0, QUANT_Q4_K, QUANT_Q6_K, QUANT_Q5_0,
+                                        QUANT_Q4_1, QUANT_Q5_1, QUANT_Q2_K, QUANT_Q3_K, QUANT_Q5_K};
 #define N_TYPES (sizeof(types) / sizeof(types[0]))
 
 /* Overwrites the f16 scale fields of a raw random block with finite values. */
@@ -41,29 +40,36 @@ static void fix_scales(enum quant_type t, uint8_t *blk) {
     uint16_t d = quant_f32_to_f16(frand() * 0.01f);
     uint16_t dmin = quant_f32_to_f16(frand() * 0.01f);
     switch (t) {
-    case QUANT_Q8_0:
-    case QUANT_Q4_0:
-    case QUANT_Q5_0: memcpy(blk, &d, 2); break;
-    case QUANT_Q4_1:
-    case QUANT_Q5_1:  // d, then m
-        memcpy(blk, &d, 2);
-        memcpy(blk + 2, &dmin, 2);
-        break;
-    case QUANT_Q5_K:
-        memcpy(blk + offsetof(struct block_q5_K, d), &d, 2);
-        memcpy(blk + offsetof(struct block_q5_K, dmin), &dmin, 2);
-        break;
-    case QUANT_Q3_K: memcpy(blk + offsetof(struct block_q3_K, d), &d, 2); break;
-    case QUANT_Q2_K:
-        memcpy(blk + offsetof(struct block_q2_K, d), &d, 2);
-        memcpy(blk + offsetof(struct block_q2_K, dmin), &dmin, 2);
-        break;
-    case QUANT_Q4_K:
-        memcpy(blk + offsetof(struct block_q4_K, d), &d, 2);
-        memcpy(blk + offsetof(struct block_q4_K, dmin), &dmin, 2);
-        break;
-    case QUANT_Q6_K: memcpy(blk + offsetof(struct block_q6_K, d), &d, 2); break;
-    default: fail();
+        case QUANT_Q8_0:
+        case QUANT_Q4_0:
+        case QUANT_Q5_0:
+            memcpy(blk, &d, 2);
+            break;
+        case QUANT_Q4_1:
+        case QUANT_Q5_1:  // d, then m
+            memcpy(blk, &d, 2);
+            memcpy(blk + 2, &dmin, 2);
+            break;
+        case QUANT_Q5_K:
+            memcpy(blk + offsetof(struct block_q5_K, d), &d, 2);
+            memcpy(blk + offsetof(struct block_q5_K, dmin), &dmin, 2);
+            break;
+        case QUANT_Q3_K:
+            memcpy(blk + offsetof(struct block_q3_K, d), &d, 2);
+            break;
+        case QUANT_Q2_K:
+            memcpy(blk + offsetof(struct block_q2_K, d), &d, 2);
+            memcpy(blk + offsetof(struct block_q2_K, dmin), &dmin, 2);
+            break;
+        case QUANT_Q4_K:
+            memcpy(blk + offsetof(struct block_q4_K, d), &d, 2);
+            memcpy(blk + offsetof(struct block_q4_K, dmin), &dmin, 2);
+            break;
+        case QUANT_Q6_K:
+            memcpy(blk + offsetof(struct block_q6_K, d), &d, 2);
+            break;
+        default:
+            fail();
     }
 }
 
@@ -93,8 +99,8 @@ static void make_weight(struct qweight *qw, enum quant_type t, int64_t k, int64_
         }
     }
     free(f);
-    qw->w = (struct tensor){.type = t, .n_dims = 2, .ne = {k, n, 1, 1}, .row_bytes = row,
-                            .data = qw->data};
+    qw->w = (struct tensor){
+        .type = t, .n_dims = 2, .ne = {k, n, 1, 1}, .row_bytes = row, .data = qw->data};
     const size_t bytes = kern_panel_bytes(&qw->w);
     assert_int_equal(bytes % 64, 0);
     qw->panels = aligned_alloc(64, bytes);
@@ -109,8 +115,7 @@ static void free_weight(struct qweight *qw) {
 
 /* n_tokens activation rows of random floats (every 7th element larger, so
  * blocks reach +-127), as q-panel rows (act) and as partner blocks (xq). */
-static void make_acts(enum quant_type t, int64_t k, int64_t n_tokens, uint8_t **act,
-                      uint8_t **xq) {
+static void make_acts(enum quant_type t, int64_t k, int64_t n_tokens, uint8_t **act, uint8_t **xq) {
     const enum quant_type vt = quant_traits(t)->vec_dot_type;
     const size_t act_row = kern_qpanel_act_bytes(t, k);
     const size_t xq_row = quant_row_size(vt, k);
@@ -185,8 +190,8 @@ static void test_qpanel_act_every_isa_writes_the_same_bytes(void **state) {
     const int64_t k = 1024;
     float *x = malloc((size_t)k * sizeof(float));
     for (int64_t i = 0; i < k; i++) x[i] = frand() * (i % 7 == 0 ? 4.0f : 1.0f);
-    for (int64_t i = 0; i < 32; i++) x[i] = 0.0f;            // a zero q8_0 block
-    x[300] = 1e4f;                                            // one value dominates its block
+    for (int64_t i = 0; i < 32; i++) x[i] = 0.0f;  // a zero q8_0 block
+    x[300] = 1e4f;                                 // one value dominates its block
     for (int64_t i = 512; i < 544; i++) x[i] = (float)(i - 528) * 0.25f;  // x / d on .5 ties
     x[543] = 127.0f / 2.0f;
     const enum kern_isa top = kern_isa_detect();
@@ -242,9 +247,11 @@ static void check_ref(enum quant_type t, int64_t k, int64_t n, int64_t n_tokens,
             const double got = y[tt * n + r];
             const double dot = dots[t](tensor_row(&qw.w, r), xrow, k);
             if (fabs(got - e) > tol || fabs(got - dot) > tol) {
-                fail_msg("%s k=%lld n=%lld tokens=%lld raw=%d: y[%lld][%lld] = %.9g, row dot "
-                         "%.9g, float64 %.9g", tr->name, (long long)k, (long long)n,
-                         (long long)n_tokens, (int)raw, (long long)tt, (long long)r, got, dot, e);
+                fail_msg(
+                    "%s k=%lld n=%lld tokens=%lld raw=%d: y[%lld][%lld] = %.9g, row dot "
+                    "%.9g, float64 %.9g",
+                    tr->name, (long long)k, (long long)n, (long long)n_tokens, (int)raw,
+                    (long long)tt, (long long)r, got, dot, e);
             }
         }
     }
@@ -300,12 +307,13 @@ static void check_levels(enum quant_type t, int64_t k, int64_t n, bool raw) {
             if (memcmp(got, want + first * n, (size_t)(m * n) * sizeof(float)) != 0) {
                 for (int64_t i = 0; i < m * n; i++) {
                     if (memcmp(&got[i], &want[first * n + i], sizeof(float)) != 0) {
-                        fail_msg("%s k=%lld n=%lld raw=%d %s: batch of %lld tokens from %lld: "
-                                 "y[%lld][%lld] = %.9g, portable alone %.9g",
-                                 quant_name(t), (long long)k, (long long)n, (int)raw,
-                                 kern_isa_name((enum kern_isa)isa), (long long)m,
-                                 (long long)first, (long long)(i / n), (long long)(i % n),
-                                 (double)got[i], (double)want[first * n + i]);
+                        fail_msg(
+                            "%s k=%lld n=%lld raw=%d %s: batch of %lld tokens from %lld: "
+                            "y[%lld][%lld] = %.9g, portable alone %.9g",
+                            quant_name(t), (long long)k, (long long)n, (int)raw,
+                            kern_isa_name((enum kern_isa)isa), (long long)m, (long long)first,
+                            (long long)(i / n), (long long)(i % n), (double)got[i],
+                            (double)want[first * n + i]);
                     }
                 }
             }
