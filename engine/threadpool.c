@@ -17,8 +17,15 @@
 #include <uv.h>
 
 #include "engine/base/alloc.h"
+#include "engine/kernels/kernels.h"
 
 #define THREADPOOL_SPIN 20000
+// Every turn of a spin pauses (kern_spin_pause): without it the waiting thread's
+// loads and branches ran flat out beside the working thread, and batch-1 decode
+// of l1b-q4_0 was 35-37 tok/s instead of 43-45 on the 2-vCPU machine of
+// docs/benchmarks.md (l1b-q8_0 21 instead of 26). With the pause, 20000 turns are
+// about a millisecond: long enough to bridge the gaps between a forward pass's
+// regions and between decode steps.
 // Yield inside the spin every so often: when the cores are oversubscribed (other
 // processes, or more threads than cores) a pure spin would burn the time slice
 // the thread it waits for needs.
@@ -67,6 +74,7 @@ static void worker_main(void *arg) {
         uint64_t g = atomic_load_explicit(&p->generation, memory_order_acquire);
         for (int i = 0; i < THREADPOOL_SPIN && g == seen; i++) {
             if (i % THREADPOOL_YIELD_EVERY == THREADPOOL_YIELD_EVERY - 1) sched_yield();
+            kern_spin_pause();
             g = atomic_load_explicit(&p->generation, memory_order_acquire);
         }
         if (g == seen) {
@@ -147,6 +155,7 @@ void threadpool_run(struct threadpool *p, int64_t n_items, int64_t grain, thread
 
     for (int i = 0; i < THREADPOOL_SPIN && atomic_load(&p->pending) > 0; i++) {
         if (i % THREADPOOL_YIELD_EVERY == THREADPOOL_YIELD_EVERY - 1) sched_yield();
+        kern_spin_pause();
     }
     if (atomic_load(&p->pending) > 0) {
         uv_mutex_lock(&p->mutex);

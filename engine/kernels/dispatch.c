@@ -5,6 +5,9 @@
  * is only read, so no locking is needed.
  */
 #include <stdatomic.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 #include "engine/kernels/kernels.h"
 
@@ -57,6 +60,12 @@ enum kern_isa kern_isa_detect(void) {
         return KERN_ISA_AVX2;
     }
     return __builtin_cpu_supports("avx512vnni") ? KERN_ISA_VNNI : KERN_ISA_AVX512;
+}
+
+void kern_spin_pause(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_pause();  // SSE2: every x86-64 has it
+#endif
 }
 
 const char *kern_isa_name(enum kern_isa isa) {

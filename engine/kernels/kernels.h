@@ -97,6 +97,11 @@ void kern_vec_dot_table(enum kern_isa isa, kern_vec_dot_fn out[QUANT_TYPE_COUNT]
  * VNNI uses the AVX-512 ones. */
 void kern_panel_table(enum kern_isa isa, struct kern_panel *out);
 
+/* A busy-wait's pause (x86 PAUSE; nothing elsewhere): the thread pool calls it
+ * on every turn of its spins, so a waiting thread leaves the core's pipeline
+ * and memory ports to the one doing the work (engine/threadpool.c). */
+void kern_spin_pause(void);
+
 /* Name of a level: "portable", "avx2", "avx512", "avx512-vnni". */
 const char *kern_isa_name(enum kern_isa isa);
 
