@@ -18,6 +18,29 @@ void kern_avx2_f16_to_f32(const void *restrict src, float *restrict dst, int64_t
     for (; i < n; i++) dst[i] = quant_f16_to_f32(s[i]);
 }
 
+/* vcvtps2ph rounds to nearest even and gets subnormals and infinities right,
+ * as quant_f32_to_f16 does; a NaN keeps part of its payload there, so NaN
+ * lanes are replaced by quant_f32_to_f16's quiet NaN (sign | 0x7e00). */
+void kern_avx2_f32_to_f16(const float *restrict src, void *restrict dst, int64_t n) {
+    uint16_t *d = dst;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(src + i);
+        __m128i h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+        if (_mm256_movemask_ps(nan)) {
+            const __m256i nan32 = _mm256_castps_si256(nan);
+            const __m128i nan16 = _mm_packs_epi32(_mm256_castsi256_si128(nan32),
+                                                  _mm256_extractf128_si256(nan32, 1));
+            const __m128i sign = _mm_and_si128(h, _mm_set1_epi16((short)0x8000));
+            const __m128i qnan = _mm_or_si128(sign, _mm_set1_epi16(0x7e00));
+            h = _mm_blendv_epi8(h, qnan, nan16);
+        }
+        _mm_storeu_si128((__m128i *)(d + i), h);
+    }
+    for (; i < n; i++) d[i] = quant_f32_to_f16(src[i]);
+}
+
 void kern_avx2_bf16_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
     const uint16_t *s = src;
     int64_t i = 0;

@@ -15,6 +15,7 @@ static struct kern_dispatch kern_table = {
     .isa = "portable",
     .f16_to_f32 = kern_ref_f16_to_f32,
     .bf16_to_f32 = kern_ref_bf16_to_f32,
+    .f32_to_f16 = kern_ref_f32_to_f16,
     .dot_f32 = kern_ref_dot_f32,
     .dot_f16 = kern_ref_dot_f16,
     .dot_bf16 = kern_ref_dot_bf16,
@@ -181,6 +182,7 @@ const struct kern_dispatch *kern_dispatch_init(bool force_portable) {
         .isa = "portable",
         .f16_to_f32 = kern_ref_f16_to_f32,
         .bf16_to_f32 = kern_ref_bf16_to_f32,
+        .f32_to_f16 = kern_ref_f32_to_f16,
         .dot_f32 = kern_ref_dot_f32,
         .dot_f16 = kern_ref_dot_f16,
         .dot_bf16 = kern_ref_dot_bf16,
@@ -191,6 +193,7 @@ const struct kern_dispatch *kern_dispatch_init(bool force_portable) {
         t.isa = __builtin_cpu_supports("avx512f") ? "avx2 (cpu has avx512)" : "avx2";
         t.f16_to_f32 = kern_avx2_f16_to_f32;
         t.bf16_to_f32 = kern_avx2_bf16_to_f32;
+        t.f32_to_f16 = kern_avx2_f32_to_f16;
         t.dot_f32 = kern_avx2_dot_f32;
         t.dot_f16 = kern_avx2_dot_f16;
         t.dot_bf16 = kern_avx2_dot_bf16;

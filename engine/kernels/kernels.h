@@ -54,6 +54,9 @@ typedef void (*kern_qpanel_act_fn)(enum quant_type t, const float *restrict x, i
 
 /* Converts n elements of a row of type t (f32, f16, bf16) to f32. */
 typedef void (*kern_to_f32_fn)(const void *restrict src, float *restrict dst, int64_t n);
+/* f32 -> f16, rounded to nearest even (quant_f32_to_f16's bits in every path,
+ * NaN included: it becomes quant_f32_to_f16's quiet NaN of the same sign). */
+typedef void (*kern_from_f32_fn)(const float *restrict src, void *restrict dst, int64_t n);
 
 /* Dot product of one weight row of n elements (n a multiple of the type's
  * block size) with one activation row quantized to the weight type's partner
@@ -73,6 +76,7 @@ struct kern_dispatch {
     const char *isa;              // "avx512", "avx2", "portable"
     kern_to_f32_fn f16_to_f32;
     kern_to_f32_fn bf16_to_f32;
+    kern_from_f32_fn f32_to_f16;  // the KV cache's f16 writes
     float (*dot_f32)(const float *restrict a, const float *restrict b, int64_t n);
     // dot of a weight row of f16 / bf16 elements with f32 activations
     float (*dot_f16)(const void *restrict w, const float *restrict x, int64_t n);
@@ -115,6 +119,7 @@ const struct kern_dispatch *kern_get(void);
 
 /* Reference implementations (kernels/ref.c). */
 void kern_ref_f16_to_f32(const void *restrict src, float *restrict dst, int64_t n);
+void kern_ref_f32_to_f16(const float *restrict src, void *restrict dst, int64_t n);
 void kern_ref_bf16_to_f32(const void *restrict src, float *restrict dst, int64_t n);
 float kern_ref_dot_f32(const float *restrict a, const float *restrict b, int64_t n);
 float kern_ref_dot_f16(const void *restrict w, const float *restrict x, int64_t n);
@@ -133,6 +138,7 @@ float kern_ref_vec_dot_q6_K(const void *restrict w, const void *restrict xq, int
 
 /* AVX2 + F16C + FMA paths (kernels/avx2.c); call only when the CPU has them. */
 void kern_avx2_f16_to_f32(const void *restrict src, float *restrict dst, int64_t n);
+void kern_avx2_f32_to_f16(const float *restrict src, void *restrict dst, int64_t n);
 void kern_avx2_bf16_to_f32(const void *restrict src, float *restrict dst, int64_t n);
 float kern_avx2_dot_f32(const float *restrict a, const float *restrict b, int64_t n);
 float kern_avx2_dot_f16(const void *restrict w, const float *restrict x, int64_t n);

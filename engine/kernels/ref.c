@@ -10,6 +10,11 @@ void kern_ref_f16_to_f32(const void *restrict src, float *restrict dst, int64_t 
     for (int64_t i = 0; i < n; i++) dst[i] = quant_f16_to_f32(s[i]);
 }
 
+void kern_ref_f32_to_f16(const float *restrict src, void *restrict dst, int64_t n) {
+    uint16_t *d = dst;
+    for (int64_t i = 0; i < n; i++) d[i] = quant_f32_to_f16(src[i]);
+}
+
 void kern_ref_bf16_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
     const uint16_t *s = src;
     for (int64_t i = 0; i < n; i++) dst[i] = quant_bf16_to_f32(s[i]);

@@ -134,6 +134,53 @@ static void check_matmul(struct threadpool *pool, enum quant_type t, int64_t k, 
     free(y);
 }
 
+/* f32 -> f16 of the dispatched path (F16C on AVX2 machines) equals the
+ * portable quant_f32_to_f16 bit for bit: around every half (the value, its
+ * float neighbours, the midpoints to the next half and theirs: the ties of
+ * round-to-nearest-even), subnormals, overflow, infinities, NaNs of every
+ * sign and payload, and random bit patterns; at every length mod 8 (tails). */
+static void test_kernels_f32_to_f16_bit_identical(void **state) {
+    (void)state;
+    const struct kern_dispatch *kd = kern_dispatch_init(false);
+    enum { N = 65536 * 9 + 4096 };
+    float *x = malloc(N * sizeof(float));
+    uint16_t *got = malloc(N * sizeof(uint16_t));
+    uint16_t *want = malloc(N * sizeof(uint16_t));
+    int64_t n = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        const float f = quant_f16_to_f32((uint16_t)h);
+        const float g = quant_f16_to_f32((uint16_t)(h + 1));  // wraps into NaN/-0: fine
+        const float mid = (isfinite(f) && isfinite(g)) ? f + (g - f) / 2.0f : f;
+        const float vals[9] = {f, nextafterf(f, INFINITY), nextafterf(f, -INFINITY), mid,
+                               nextafterf(mid, INFINITY), nextafterf(mid, -INFINITY), -mid,
+                               f * 1.5f, f / 3.0f};
+        for (int i = 0; i < 9; i++) x[n++] = vals[i];
+    }
+    for (int i = 0; i < 4096; i++) {
+        rng_state = rng_state * 1664525u + 1013904223u;
+        uint32_t bits = rng_state ^ (rng_state << 13);
+        if (i % 4 == 0) bits |= 0x7f800000;  // inf / NaN with a random payload
+        memcpy(&x[n++], &bits, 4);
+    }
+    assert_int_equal(n, N);
+    for (int64_t len = N - 7; len <= N; len++) {
+        memset(got, 0, N * sizeof(uint16_t));
+        kd->f32_to_f16(x, got, len);
+        kern_ref_f32_to_f16(x, want, len);
+        for (int64_t i = 0; i < len; i++) {
+            if (got[i] != want[i]) {
+                uint32_t bits;
+                memcpy(&bits, &x[i], 4);
+                fail_msg("f32_to_f16 (%s) of 0x%08x: 0x%04x, portable 0x%04x", kd->isa, bits,
+                         got[i], want[i]);
+            }
+        }
+    }
+    free(x);
+    free(got);
+    free(want);
+}
+
 static void test_kernels_matmul_matches_float64(void **state) {
     (void)state;
     struct threadpool *pool = threadpool_create(2);
@@ -400,6 +447,7 @@ int main(void) {
     kern_blas_init();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kernels_simd_dots_match_reference),
+        cmocka_unit_test(test_kernels_f32_to_f16_bit_identical),
         cmocka_unit_test(test_kernels_matmul_matches_float64),
         cmocka_unit_test(test_kernels_vec_dots_every_isa_match_portable),
         cmocka_unit_test(test_kernels_panels_every_isa_bit_identical_and_batch_invariant),
