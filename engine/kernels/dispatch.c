@@ -6,7 +6,12 @@
  */
 #include <stdatomic.h>
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
+#endif
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 #include "engine/kernels/kernels.h"
@@ -50,6 +55,30 @@ static struct kern_dispatch kern_table = {
     .qpanel_act = kern_qpanel_ref_act,
 };
 
+/* AMX-TILE and AMX-INT8 (CPUID leaf 7, EDX bits 24 and 25), and Linux's
+ * permission to use the tile data state, which a process must ask for
+ * (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) before its first tile
+ * instruction; it then holds for every thread. Asked once. */
+static bool amx_usable(void) {
+#if defined(__linux__) && defined(__x86_64__)
+    static atomic_int state;  // 0 not asked, 1 usable, 2 not
+    int s = atomic_load(&state);
+    if (s == 0) {
+        unsigned a, b, c, d;
+        bool ok = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1) && (d >> 25 & 1);
+        if (ok) {
+            ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
+                         18 /* XFEATURE_XTILEDATA */) == 0;
+        }
+        s = ok ? 1 : 2;
+        atomic_store(&state, s);
+    }
+    return s == 1;
+#else
+    return false;
+#endif
+}
+
 enum kern_isa kern_isa_detect(void) {
     __builtin_cpu_init();
     if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") ||
@@ -60,7 +89,8 @@ enum kern_isa kern_isa_detect(void) {
         !__builtin_cpu_supports("avx512vl")) {
         return KERN_ISA_AVX2;
     }
-    return __builtin_cpu_supports("avx512vnni") ? KERN_ISA_VNNI : KERN_ISA_AVX512;
+    if (!__builtin_cpu_supports("avx512vnni")) return KERN_ISA_AVX512;
+    return amx_usable() ? KERN_ISA_AMX : KERN_ISA_VNNI;
 }
 
 void kern_spin_pause(void) {
@@ -75,6 +105,7 @@ const char *kern_isa_name(enum kern_isa isa) {
     case KERN_ISA_AVX2: return "avx2";
     case KERN_ISA_AVX512: return "avx512";
     case KERN_ISA_VNNI: return "avx512-vnni";
+    case KERN_ISA_AMX: return "amx";
     }
     return "unknown";
 }
@@ -168,6 +199,10 @@ void kern_qpanel_table(enum kern_isa isa, kern_qpanel_fn out[QUANT_TYPE_COUNT]) 
         out[QUANT_Q2_K] = kern_qpanel_vnni_q2_K;
         out[QUANT_Q3_K] = kern_qpanel_vnni_q3_K;
         out[QUANT_Q5_K] = kern_qpanel_vnni_q5_K;
+    }
+    if (isa >= KERN_ISA_AMX) {
+        out[QUANT_Q8_0] = kern_qpanel_amx_q8_0;
+        out[QUANT_Q4_0] = kern_qpanel_amx_q4_0;
     }
 }
 

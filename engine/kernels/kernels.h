@@ -69,6 +69,7 @@ enum kern_isa {
     KERN_ISA_AVX2 = 1,     // AVX2 + FMA + F16C
     KERN_ISA_AVX512 = 2,   // + AVX-512 F, BW, VL
     KERN_ISA_VNNI = 3,     // + AVX-512 VNNI
+    KERN_ISA_AMX = 4,      // + AMX-TILE and AMX-INT8, which the kernel let us use
 };
 
 /* The chosen paths; filled once by kern_dispatch_init(), then read-only. */
@@ -106,7 +107,7 @@ void kern_panel_table(enum kern_isa isa, struct kern_panel *out);
  * and memory ports to the one doing the work (engine/threadpool.c). */
 void kern_spin_pause(void);
 
-/* Name of a level: "portable", "avx2", "avx512", "avx512-vnni". */
+/* Name of a level: "portable", "avx2", "avx512", "avx512-vnni", "amx". */
 const char *kern_isa_name(enum kern_isa isa);
 
 /* Detects the CPU and returns the table (idempotent; thread-safe after the first
@@ -387,6 +388,11 @@ void kern_qpanel_vnni_q8_0(const void *restrict xq, int64_t n_tokens, const void
                            int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
 void kern_qpanel_vnni_q4_0(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
                            int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+/* AMX-INT8 tiles for groups of 16 tokens, the rest through the VNNI ones. */
+void kern_qpanel_amx_q8_0(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                          int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
+void kern_qpanel_amx_q4_0(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
+                          int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
 void kern_qpanel_vnni_q4_K(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
                            int64_t k, int64_t n, int64_t p0, int64_t p1, float *restrict y);
 void kern_qpanel_vnni_q6_K(const void *restrict xq, int64_t n_tokens, const void *restrict pw,
