@@ -277,10 +277,10 @@ static void test_qpanel_portable_matches_row_dots_and_float64(void **state) {
 }
 
 /* Every level the CPU has against the portable product of each token alone,
- * bit for bit, for batches of 1..40 tokens at varying offsets and panel
- * splits. */
-static void check_levels(enum quant_type t, int64_t k, int64_t n, bool raw) {
-    const int64_t max_tokens = 40;
+ * bit for bit, for batches of min..max tokens (1..40 for every format) at
+ * varying offsets and panel splits. */
+static void check_levels_upto(enum quant_type t, int64_t k, int64_t n, bool raw, int64_t min_tokens,
+                              int64_t max_tokens) {
     struct qweight qw;
     make_weight(&qw, t, k, n, raw);
     uint8_t *act, *xq;
@@ -298,7 +298,7 @@ static void check_levels(enum quant_type t, int64_t k, int64_t n, bool raw) {
     for (int isa = KERN_ISA_PORTABLE; isa <= (int)top; isa++) {
         kern_qpanel_fn tab[QUANT_TYPE_COUNT];
         kern_qpanel_table((enum kern_isa)isa, tab);
-        for (int64_t m = 1; m <= max_tokens; m++) {
+        for (int64_t m = min_tokens; m <= max_tokens; m++) {
             const int64_t first = (m * 7) % (max_tokens - m + 1);
             const int64_t split = (m % 3) * n_panels / 3;
             memset(got, 0xff, (size_t)(m * n) * sizeof(float));
@@ -326,6 +326,21 @@ static void check_levels(enum quant_type t, int64_t k, int64_t n, bool raw) {
     free_weight(&qw);
 }
 
+static void check_levels(enum quant_type t, int64_t k, int64_t n, bool raw) {
+    check_levels_upto(t, k, n, raw, 1, 40);
+}
+
+/* Batches of 60..100 tokens: past the AMX kernel's switch from running a
+ * decode-sized batch panel by panel to running groups of 16 over all panels
+ * (qpanel_amx.c), so both orders and the VNNI tail meet the portable bits. */
+static void test_qpanel_large_batches_bit_identical(void **state) {
+    (void)state;
+    const enum quant_type big[] = {QUANT_Q8_0, QUANT_Q4_0};
+    for (size_t i = 0; i < sizeof(big) / sizeof(big[0]); i++) {
+        check_levels_upto(big[i], 96, 35, false, 60, 100);
+    }
+}
+
 static void test_qpanel_every_isa_bit_identical_and_batch_invariant(void **state) {
     (void)state;
     print_message("q-panels: cpu has up to %s\n", kern_isa_name(kern_isa_detect()));
@@ -346,6 +361,7 @@ int main(void) {
         cmocka_unit_test(test_qpanel_act_every_isa_writes_the_same_bytes),
         cmocka_unit_test(test_qpanel_portable_matches_row_dots_and_float64),
         cmocka_unit_test(test_qpanel_every_isa_bit_identical_and_batch_invariant),
+        cmocka_unit_test(test_qpanel_large_batches_bit_identical),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
