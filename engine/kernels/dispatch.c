@@ -152,55 +152,29 @@ void kern_panel_table(enum kern_isa isa, struct kern_panel *out) {
     }
 }
 
+/* Every format's q-panel product of one level (the functions kernels.h
+ * declares as kern_qpanel_<level>_<type>). */
+#define QPANEL_LEVEL(out, level)                        \
+    do {                                                \
+        (out)[QUANT_Q8_0] = kern_qpanel_##level##_q8_0; \
+        (out)[QUANT_Q4_0] = kern_qpanel_##level##_q4_0; \
+        (out)[QUANT_Q4_K] = kern_qpanel_##level##_q4_K; \
+        (out)[QUANT_Q6_K] = kern_qpanel_##level##_q6_K; \
+        (out)[QUANT_Q5_0] = kern_qpanel_##level##_q5_0; \
+        (out)[QUANT_Q4_1] = kern_qpanel_##level##_q4_1; \
+        (out)[QUANT_Q5_1] = kern_qpanel_##level##_q5_1; \
+        (out)[QUANT_Q2_K] = kern_qpanel_##level##_q2_K; \
+        (out)[QUANT_Q3_K] = kern_qpanel_##level##_q3_K; \
+        (out)[QUANT_Q5_K] = kern_qpanel_##level##_q5_K; \
+    } while (0)
+
 void kern_qpanel_table(enum kern_isa isa, kern_qpanel_fn out[QUANT_TYPE_COUNT]) {
     for (int t = 0; t < QUANT_TYPE_COUNT; t++) out[t] = NULL;
-    out[QUANT_Q8_0] = kern_qpanel_ref_q8_0;
-    out[QUANT_Q4_0] = kern_qpanel_ref_q4_0;
-    out[QUANT_Q4_K] = kern_qpanel_ref_q4_K;
-    out[QUANT_Q6_K] = kern_qpanel_ref_q6_K;
-    out[QUANT_Q5_0] = kern_qpanel_ref_q5_0;
-    out[QUANT_Q4_1] = kern_qpanel_ref_q4_1;
-    out[QUANT_Q5_1] = kern_qpanel_ref_q5_1;
-    out[QUANT_Q2_K] = kern_qpanel_ref_q2_K;
-    out[QUANT_Q3_K] = kern_qpanel_ref_q3_K;
-    out[QUANT_Q5_K] = kern_qpanel_ref_q5_K;
-    if (isa >= KERN_ISA_AVX2) {
-        out[QUANT_Q8_0] = kern_qpanel_avx2_q8_0;
-        out[QUANT_Q4_0] = kern_qpanel_avx2_q4_0;
-        out[QUANT_Q4_K] = kern_qpanel_avx2_q4_K;
-        out[QUANT_Q6_K] = kern_qpanel_avx2_q6_K;
-        out[QUANT_Q5_0] = kern_qpanel_avx2_q5_0;
-        out[QUANT_Q4_1] = kern_qpanel_avx2_q4_1;
-        out[QUANT_Q5_1] = kern_qpanel_avx2_q5_1;
-        out[QUANT_Q2_K] = kern_qpanel_avx2_q2_K;
-        out[QUANT_Q3_K] = kern_qpanel_avx2_q3_K;
-        out[QUANT_Q5_K] = kern_qpanel_avx2_q5_K;
-    }
-    if (isa >= KERN_ISA_AVX512) {
-        out[QUANT_Q8_0] = kern_qpanel_avx512_q8_0;
-        out[QUANT_Q4_0] = kern_qpanel_avx512_q4_0;
-        out[QUANT_Q4_K] = kern_qpanel_avx512_q4_K;
-        out[QUANT_Q6_K] = kern_qpanel_avx512_q6_K;
-        out[QUANT_Q5_0] = kern_qpanel_avx512_q5_0;
-        out[QUANT_Q4_1] = kern_qpanel_avx512_q4_1;
-        out[QUANT_Q5_1] = kern_qpanel_avx512_q5_1;
-        out[QUANT_Q2_K] = kern_qpanel_avx512_q2_K;
-        out[QUANT_Q3_K] = kern_qpanel_avx512_q3_K;
-        out[QUANT_Q5_K] = kern_qpanel_avx512_q5_K;
-    }
-    if (isa >= KERN_ISA_VNNI) {
-        out[QUANT_Q8_0] = kern_qpanel_vnni_q8_0;
-        out[QUANT_Q4_0] = kern_qpanel_vnni_q4_0;
-        out[QUANT_Q4_K] = kern_qpanel_vnni_q4_K;
-        out[QUANT_Q6_K] = kern_qpanel_vnni_q6_K;
-        out[QUANT_Q5_0] = kern_qpanel_vnni_q5_0;
-        out[QUANT_Q4_1] = kern_qpanel_vnni_q4_1;
-        out[QUANT_Q5_1] = kern_qpanel_vnni_q5_1;
-        out[QUANT_Q2_K] = kern_qpanel_vnni_q2_K;
-        out[QUANT_Q3_K] = kern_qpanel_vnni_q3_K;
-        out[QUANT_Q5_K] = kern_qpanel_vnni_q5_K;
-    }
-    if (isa >= KERN_ISA_AMX) {
+    QPANEL_LEVEL(out, ref);
+    if (isa >= KERN_ISA_AVX2) QPANEL_LEVEL(out, avx2);
+    if (isa >= KERN_ISA_AVX512) QPANEL_LEVEL(out, avx512);
+    if (isa >= KERN_ISA_VNNI) QPANEL_LEVEL(out, vnni);
+    if (isa >= KERN_ISA_AMX) {  // tiles for q8_0 and q4_0 only
         out[QUANT_Q8_0] = kern_qpanel_amx_q8_0;
         out[QUANT_Q4_0] = kern_qpanel_amx_q4_0;
     }
