@@ -1,0 +1,39 @@
+# shellcheck shell=bash
+# benchlib.sh - shell pieces the benchmark scripts share (sourced, not run).
+
+# The median of the numbers on stdin, one per line (the mean of the middle two
+# for an even count).
+median() {
+  sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+# A TCP port on 127.0.0.1 that nothing listens on right now.
+free_port() {
+  /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# serve_start LLMSERVE LOG ARGS...: runs `LLMSERVE serve --port P ARGS...` in
+# the background, its output in LOG; sets `server` (its pid) and `port`, and
+# returns once /health answers. If the server dies first, prints LOG and
+# exits 1. Callers set `trap serve_stop EXIT` before calling it.
+serve_start() {
+  local bin=$1 log=$2
+  shift 2
+  port=$(free_port)
+  "$bin" serve --port "$port" "$@" >"$log" 2>&1 &
+  server=$!
+  for _ in $(seq 600); do
+    curl -sf "http://127.0.0.1:$port/health" >/dev/null && return 0
+    kill -0 "$server" 2>/dev/null || { cat "$log" >&2; exit 1; }
+    sleep 0.1
+  done
+  curl -sf "http://127.0.0.1:$port/health" >/dev/null
+}
+
+# Stops the server serve_start began, if any.
+serve_stop() {
+  if [ -n "${server:-}" ]; then
+    kill "$server" 2>/dev/null || true
+    wait "$server" 2>/dev/null || true
+  fi
+}
