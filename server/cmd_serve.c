@@ -184,9 +184,14 @@ int cmd_serve(int argc, char **argv) {
     hp.request_timeout_s = cfg.request_timeout_s;
     err = http_start(&hp, &app, &http);
     if (err) goto done;
-    LOG_INFO("listening on http://%s:%d model=%s n_ctx=%d auth=%s ready_ms=%lld", cfg.host,
-             (int)cfg.port, app.om.name, (int)app.om.n_ctx, auth ? "on" : "off",
-             (long long)((clock_mono_ns() - t0) / 1000000));
+    // The one line that says the server is ready, with the URL to open: the
+    // playground (GET /) and the API beside it. 0.0.0.0 listens on every
+    // address; a browser on this machine reaches it as 127.0.0.1.
+    const char *url_host = strcmp(cfg.host, "0.0.0.0") == 0 ? "127.0.0.1" : cfg.host;
+    LOG_INFO("ready: open http://%s:%d/ (playground; API at /v1) listen=%s:%d model=%s n_ctx=%d "
+             "auth=%s ready_ms=%lld",
+             url_host, (int)cfg.port, cfg.host, (int)cfg.port, app.om.name, (int)app.om.n_ctx,
+             auth ? "on" : "off", (long long)((clock_mono_ns() - t0) / 1000000));
 
     int sig = 0;
     sigwait(&stop_set, &sig);

@@ -234,16 +234,47 @@ static void *ticker_main(void *arg) {
 
 /* ---- responses --------------------------------------------------------------- */
 
+/* Whether an If-None-Match header value names etag (or is "*"): a list of
+ * quoted tags, possibly weak (W/"..."), separated by commas (RFC 9110 13.1.2). */
+static bool is_etag_match(const char *inm, const char *etag) {
+    if (!inm) return false;
+    size_t n = strlen(etag);
+    for (const char *p = inm; *p;) {
+        while (*p == ' ' || *p == '\t' || *p == ',') p++;
+        if (*p == '*') return true;
+        if (p[0] == 'W' && p[1] == '/') p += 2;
+        if (strncmp(p, etag, n) == 0 && (p[n] == 0 || p[n] == ',' || p[n] == ' ')) return true;
+        while (*p && *p != ',') p++;
+    }
+    return false;
+}
+
 static enum MHD_Result queue_reply(struct http_server *h, struct req *r,
                                    struct route_reply *rep) {
-    const char *body = rep->body ? rep->body : "";
-    struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(body), (void *)body,
-                                                                MHD_RESPMEM_MUST_COPY);
-    free(rep->body);
-    rep->body = NULL;
+    struct MHD_Response *resp;
+    const char *inm =
+        MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_IF_NONE_MATCH);
+    if (rep->body || !rep->static_body) {
+        const char *body = rep->body ? rep->body : "";
+        resp = MHD_create_response_from_buffer(strlen(body), (void *)body, MHD_RESPMEM_MUST_COPY);
+        free(rep->body);
+        rep->body = NULL;
+    } else if (rep->etag && is_etag_match(inm, rep->etag)) {
+        rep->status = MHD_HTTP_NOT_MODIFIED;
+        resp = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
+    } else {
+        resp = MHD_create_response_from_buffer(rep->static_len, (void *)rep->static_body,
+                                               MHD_RESPMEM_PERSISTENT);
+    }
     if (!resp) return MHD_NO;
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
-                            rep->content_type ? rep->content_type : "application/json");
+    if (rep->status != MHD_HTTP_NOT_MODIFIED) {
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
+                                rep->content_type ? rep->content_type : "application/json");
+    }
+    if (rep->etag) MHD_add_response_header(resp, MHD_HTTP_HEADER_ETAG, rep->etag);
+    for (const char *const *hd = rep->headers; hd && hd[0]; hd += 2) {
+        MHD_add_response_header(resp, hd[0], hd[1]);
+    }
     if (rep->retry_after_s > 0) {
         char v[16];
         snprintf(v, sizeof(v), "%d", (int)rep->retry_after_s);

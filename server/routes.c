@@ -19,6 +19,7 @@
 #include "server/lora_registry.h"
 #include "server/metrics.h"
 #include "server/req.h"
+#include "server/web_files.h"
 
 static const char JSON_TYPE[] = "application/json";
 
@@ -459,9 +460,48 @@ static enum route_result handle_unload_lora(const struct routes_ctx *ctx, struct
     return ROUTE_RESULT_REPLY;
 }
 
+/* ---- the playground ----------------------------------------------------------- */
+
+/* Every file of the page comes from this server and talks only to it: the
+ * policy names no other origin (and no inline script or style), so a reply
+ * the page renders cannot load or send anything elsewhere. no-cache makes
+ * the browser revalidate each time (a 304 by ETag), so the page of a new
+ * binary is never a stale one. */
+static const char *const web_headers[] = {
+    "Content-Security-Policy",
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "Cache-Control", "no-cache",
+    "X-Content-Type-Options", "nosniff",
+    "Referrer-Policy", "no-referrer",
+    NULL,
+};
+
+/* GET / and GET /playground.*: the compiled-in file of the route's path. */
+static enum route_result handle_web(const struct routes_ctx *ctx, struct req *r,
+                                    struct route_reply *out) {
+    (void)ctx;
+    const char *path = strcmp(r->route->path, "/") == 0 ? "/index.html" : r->route->path;
+    for (int32_t i = 0; i < web_files_count; i++) {
+        const struct web_files_entry *f = &web_files[i];
+        if (strcmp(f->path, path) != 0) continue;
+        out->status = 200;
+        out->static_body = f->data;
+        out->static_len = f->n_bytes;
+        out->content_type = f->content_type;
+        out->etag = f->etag;
+        out->headers = web_headers;
+        return ROUTE_RESULT_REPLY;
+    }
+    UNREACHABLE();  // every web route names a file that server/meson.build embeds
+}
+
 /* ---- the table -------------------------------------------------------------- */
 
 static const struct route route_table[] = {
+    {"GET", "/", handle_web, 0},  // the page asks for the key; its API calls need it
+    {"GET", "/playground.css", handle_web, 0},
+    {"GET", "/playground.js", handle_web, 0},
     {"GET", "/health", handle_health, 0},
     {"GET", "/metrics", handle_metrics, 0},
     {"GET", "/v1/models", handle_models, ROUTE_FLAG_AUTH},

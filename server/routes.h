@@ -3,7 +3,10 @@
  * and the handlers: /health, /metrics, /v1/models, /tokenize, /detokenize,
  * /v1/completions, /v1/chat/completions, /v1/load_lora_adapter and
  * /v1/unload_lora_adapter (the adapter admin routes: refused with 403 unless
- * allow_runtime_lora, and behind the API key when keys are configured).
+ * allow_runtime_lora, and behind the API key when keys are configured), and
+ * the playground's files at GET / and GET /playground.{css,js}
+ * (server/web_files.h): the page loads without the API key and asks for it;
+ * every API call it makes needs the key as any client's does.
  *
  * Handlers parse, validate and submit; they never block. A handler either
  * fills a reply at once, or submits work and asks http.c to wait for it
@@ -44,12 +47,18 @@ enum route_flag {
 };
 
 /* A response that is complete now. body is owned (free()); content_type is
- * static. */
+ * static. A static file sets static_body instead of body, and may set etag
+ * (then http.c answers an If-None-Match that names it with 304 and no body)
+ * and headers (more response headers). */
 struct route_reply {
     int status;
     char *body;
     const char *content_type;
     int32_t retry_after_s;      // > 0: a Retry-After header
+    const void *static_body;    // borrowed for the program's life; used when body is NULL
+    size_t static_len;          // bytes of static_body
+    const char *etag;           // static, quoted; NULL: none
+    const char *const *headers; // static {name, value, ..., NULL}; NULL: none
 };
 
 enum route_result {

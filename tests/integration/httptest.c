@@ -395,3 +395,20 @@ void httptest_events_free(char **ev, int n) {
     for (int i = 0; i < n; i++) free(ev[i]);
     free(ev);
 }
+
+bool httptest_npm_ensure(const char *dir, const char *name, const char *spec) {
+    if (testutil_system("command -v node >/dev/null && command -v npm >/dev/null") != 0) {
+        print_message("skipped: node or npm is not installed\n");
+        return false;
+    }
+    char cmd[16384];
+    snprintf(cmd, sizeof(cmd), "test -f %s/node_modules/%s/package.json", dir, name);
+    if (testutil_system(cmd) == 0) return true;
+    snprintf(cmd, sizeof(cmd),
+             "npm install --silent --no-audit --no-fund --prefix %s %s >%s.log 2>&1", dir, spec,
+             dir);
+    if (testutil_system(cmd) == 0) return true;
+    print_message("skipped: npm could not install %s (registry unreachable?); see %s.log\n",
+                  spec, dir);
+    return false;
+}

@@ -82,6 +82,12 @@ double httptest_get_metric(int port, const char *name);
 char **httptest_sse_events(const char *body, int *out_n);
 void httptest_events_free(char **ev, int n);
 
+/* Makes npm package `name` (installed as `spec`, e.g. "openai@6") available
+ * under dir/node_modules, running `npm install --prefix dir` once (its output
+ * in dir.log). Returns true when it is there; false, having printed why for
+ * the caller's skip(), when node or npm is missing or the install failed. */
+bool httptest_npm_ensure(const char *dir, const char *name, const char *spec);
+
 /* Sleeps ms milliseconds (for bounded polling loops only). */
 void httptest_sleep_ms(int ms);
 

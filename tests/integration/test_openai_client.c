@@ -20,24 +20,10 @@
 
 static void test_openai_npm_client(void **state) {
     (void)state;
-    if (testutil_system("command -v node >/dev/null && command -v npm >/dev/null") != 0) {
-        print_message("skipped: node or npm is not installed\n");
-        skip();
-    }
     char dir[4096];
     snprintf(dir, sizeof(dir), "%s/node_modules-openai", testutil_build_dir());
+    if (!httptest_npm_ensure(dir, "openai", "openai@6")) skip();
     char cmd[16384];
-    snprintf(cmd, sizeof(cmd), "test -f %s/node_modules/openai/package.json", dir);
-    if (testutil_system(cmd) != 0) {
-        snprintf(cmd, sizeof(cmd),
-                 "npm install --silent --no-audit --no-fund --prefix %s openai@6 >%s.log 2>&1",
-                 dir, dir);
-        if (testutil_system(cmd) != 0) {
-            print_message("skipped: npm could not install openai@6 (registry unreachable?); "
-                          "see %s.log\n", dir);
-            skip();
-        }
-    }
     struct httptest_server s;
     httptest_start(&s, httptest_model("llama-f32"), "--api-key test-key");
     snprintf(cmd, sizeof(cmd),
