@@ -12,11 +12,11 @@
 #include "engine/base/alloc.h"
 #include "engine/base/err.h"
 #include "engine/base/log.h"
-#include "engine/ctx.h"
-#include "engine/model.h"
-#include "engine/attention.h"
+#include "engine/compute/ctx.h"
+#include "engine/model/model.h"
+#include "engine/compute/attention.h"
 #include "engine/kernels/kernels.h"
-#include "engine/threadpool.h"
+#include "engine/kernels/threadpool.h"
 
 struct engine_ctx_params engine_ctx_default_params(void) {
     return (struct engine_ctx_params){

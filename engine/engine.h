@@ -25,10 +25,10 @@
 // The engine's other public parts: adapters (LoRA, bottleneck), the model's tokenizer, the per-sequence
 // sampler and the stop-string matcher. engine.h is the umbrella header the
 // scheduler and the server include.
-#include "engine/lora.h"
-#include "engine/sampler.h"
-#include "engine/stop.h"
-#include "engine/tokenizer.h"
+#include "engine/model/lora.h"
+#include "engine/text/sampler.h"
+#include "engine/text/stop.h"
+#include "engine/text/tokenizer.h"
 
 struct engine_model;
 struct engine_ctx;

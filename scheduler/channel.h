@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/sampler.h"
+#include "engine/text/sampler.h"
 
 /* Why a sequence ended (OpenAI's finish_reason: "stop", "length"). */
 enum channel_finish {

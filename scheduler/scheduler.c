@@ -24,7 +24,7 @@
 #include "engine/base/clock.h"
 #include "engine/base/err.h"
 #include "engine/base/log.h"
-#include "engine/stop.h"
+#include "engine/text/stop.h"
 #include "scheduler/block_alloc.h"
 #include "scheduler/block_table.h"
 #include "scheduler/lora_slots.h"

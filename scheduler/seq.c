@@ -13,7 +13,7 @@
 
 #include "engine/base/alloc.h"
 #include "engine/base/err.h"
-#include "engine/stop.h"
+#include "engine/text/stop.h"
 #include "scheduler/block_alloc.h"
 #include "scheduler/channel.h"
 

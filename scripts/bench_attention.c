@@ -21,10 +21,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/attention.h"
+#include "engine/compute/attention.h"
 #include "engine/base/alloc.h"
 #include "engine/kernels/kernels.h"
-#include "engine/threadpool.h"
+#include "engine/kernels/threadpool.h"
 
 /* Seconds on the calling thread's CPU clock (cpu_time) or the monotonic clock. */
 static double now_s(bool cpu_time) {

@@ -20,8 +20,8 @@
 #include <time.h>
 
 #include "engine/kernels/kernels.h"
-#include "engine/quant.h"
-#include "engine/threadpool.h"
+#include "engine/format/quant.h"
+#include "engine/kernels/threadpool.h"
 
 static double now_s(void) {
     struct timespec ts;

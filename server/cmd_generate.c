@@ -26,10 +26,10 @@
 #include "engine/base/clock.h"
 #include "engine/base/err.h"
 #include "engine/base/log.h"
-#include "engine/chat.h"
+#include "engine/text/chat.h"
 #include "engine/engine.h"
 #include "engine/kernels/kernels.h"
-#include "engine/stop.h"
+#include "engine/text/stop.h"
 #include "server/cmd.h"
 
 struct generate_opts {

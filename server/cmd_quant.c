@@ -24,8 +24,8 @@
 #define LOG_TAG "cmd"
 #include "engine/base/log.h"
 #include "engine/engine.h"
-#include "engine/quantize.h"
-#include "engine/tokenizer.h"
+#include "engine/model/quantize.h"
+#include "engine/text/tokenizer.h"
 #include "server/cmd.h"
 
 int cmd_quantize(int argc, char **argv) {

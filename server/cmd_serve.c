@@ -22,7 +22,7 @@
 #include "engine/base/clock.h"
 #include "engine/base/err.h"
 #include "engine/base/log.h"
-#include "engine/chat.h"
+#include "engine/text/chat.h"
 #include "engine/engine.h"
 #include "engine/kernels/kernels.h"
 #include "scheduler/scheduler.h"

@@ -18,9 +18,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/chat.h"
+#include "engine/text/chat.h"
 #include "engine/engine.h"
-#include "engine/stop.h"
+#include "engine/text/stop.h"
 
 #define OPENAI_MAX_N 16          // choices per prompt
 #define OPENAI_MAX_PROMPTS 64    // prompts in one completion request

@@ -9,8 +9,8 @@
 
 #include "engine/base/alloc.h"
 #include "engine/kernels/attn.h"
-#include "engine/kv.h"
-#include "engine/quant.h"
+#include "engine/compute/kv.h"
+#include "engine/format/quant.h"
 
 static int32_t n_groups(int32_t hd) { return (hd + KV_Q8_0_GROUP - 1) / KV_Q8_0_GROUP; }
 

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "engine/kernels/kernels.h"
-#include "engine/quant.h"
+#include "engine/format/quant.h"
 
 void kern_avx2_f16_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
     const uint16_t *s = src;

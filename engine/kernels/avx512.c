@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "engine/kernels/kernels.h"
-#include "engine/quant.h"
+#include "engine/format/quant.h"
 
 #ifdef KERN_VNNI
 #define KFN(name) kern_vnni_##name

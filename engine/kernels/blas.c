@@ -23,7 +23,7 @@
 #define LOG_TAG "kern"
 #include "engine/base/log.h"
 #include "engine/kernels/kernels.h"
-#include "engine/threadpool.h"
+#include "engine/kernels/threadpool.h"
 
 // Declared by OpenBLAS (openblas_config.h) but not by every cblas.h.
 char *openblas_get_corename(void);

@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/tensor.h"
+#include "engine/format/tensor.h"
 
 struct threadpool;
 

@@ -9,7 +9,7 @@
 
 #include "engine/base/alloc.h"
 #include "engine/kernels/kernels.h"
-#include "engine/quant.h"
+#include "engine/format/quant.h"
 
 static bool is_float(enum quant_type t) {
     return t == QUANT_F32 || t == QUANT_F16 || t == QUANT_BF16;

@@ -58,7 +58,7 @@
 
 #include "engine/base/alloc.h"
 #include "engine/kernels/kernels.h"
-#include "engine/quant.h"
+#include "engine/format/quant.h"
 
 /* Bytes per panel-block: the quant chunks, then the meta. */
 struct qpanel_layout {

@@ -31,7 +31,7 @@
 #include <string.h>
 
 #include "engine/kernels/kernels.h"
-#include "engine/quant.h"
+#include "engine/format/quant.h"
 
 #define TOKENS  16  // rows of A and C: tokens per tile group
 #define K_BLOCK 32  // k values per block of q8_0 and q4_0

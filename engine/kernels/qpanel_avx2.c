@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "engine/kernels/kernels.h"
-#include "engine/quant.h"
+#include "engine/format/quant.h"
 
 #define QPANEL_CHUNK_BYTES (256 * 1024)  // activations of a chunk of tokens, kept in L2
 

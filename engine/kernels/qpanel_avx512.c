@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "engine/kernels/kernels.h"
-#include "engine/quant.h"
+#include "engine/format/quant.h"
 
 #ifdef KERN_VNNI
 #define QFN(name) kern_qpanel_vnni_##name

@@ -3,7 +3,7 @@
  * against, and the fallback on CPUs without AVX2.
  */
 #include "engine/kernels/kernels.h"
-#include "engine/quant.h"
+#include "engine/format/quant.h"
 
 void kern_ref_f16_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
     const uint16_t *s = src;

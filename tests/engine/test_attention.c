@@ -23,10 +23,10 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "engine/attention.h"
+#include "engine/compute/attention.h"
 #include "engine/base/err.h"
-#include "engine/kv.h"
-#include "engine/threadpool.h"
+#include "engine/compute/kv.h"
+#include "engine/kernels/threadpool.h"
 
 static uint64_t rng = 88172645463325252ull;
 static float frand(void) {  // uniform in [-1, 1)

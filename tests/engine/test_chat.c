@@ -26,7 +26,7 @@
 
 #include "engine/base/buf.h"
 #include "engine/base/err.h"
-#include "engine/chat.h"
+#include "engine/text/chat.h"
 #include "tests/helpers/testutil.h"
 
 #define N_OF(a) ((int32_t)(sizeof(a) / sizeof((a)[0])))

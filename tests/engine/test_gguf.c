@@ -22,7 +22,7 @@
 #include <unistd.h>
 
 #include "engine/base/err.h"
-#include "engine/gguf.h"
+#include "engine/format/gguf.h"
 #include "tests/helpers/gguf_builder.h"
 #include "tests/helpers/testutil.h"
 

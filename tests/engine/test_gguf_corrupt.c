@@ -24,7 +24,7 @@
 
 #include "engine/base/err.h"
 #include "engine/base/log.h"
-#include "engine/gguf.h"
+#include "engine/format/gguf.h"
 #include "tests/helpers/gguf_builder.h"
 
 #define MUTATION_SEED 0x9e3779b97f4a7c15ull

@@ -21,8 +21,8 @@
 #include <cmocka.h>
 
 #include "engine/kernels/kernels.h"
-#include "engine/quant.h"
-#include "engine/threadpool.h"
+#include "engine/format/quant.h"
+#include "engine/kernels/threadpool.h"
 
 static uint32_t rng_state = 1;
 static float frand(void) {  // uniform in [-1, 1)

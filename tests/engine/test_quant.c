@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/quant.h"
+#include "engine/format/quant.h"
 #include "tests/helpers/testutil.h"
 
 static uint32_t f32_bits(float f) {

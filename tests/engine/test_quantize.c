@@ -17,9 +17,9 @@
 #include <cmocka.h>
 
 #include "engine/base/err.h"
-#include "engine/gguf.h"
-#include "engine/quant.h"
-#include "engine/quantize.h"
+#include "engine/format/gguf.h"
+#include "engine/format/quant.h"
+#include "engine/model/quantize.h"
 #include "tests/helpers/testutil.h"
 
 static void test_quantize_ftype_names(void **state) {

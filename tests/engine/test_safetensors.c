@@ -26,8 +26,8 @@
 
 #include "engine/base/err.h"
 #include "engine/base/log.h"
-#include "engine/quant.h"
-#include "engine/safetensors.h"
+#include "engine/format/quant.h"
+#include "engine/format/safetensors.h"
 #include "tests/helpers/safetensors_builder.h"
 #include "tests/helpers/testutil.h"
 

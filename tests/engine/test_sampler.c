@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "engine/base/err.h"
-#include "engine/sampler.h"
+#include "engine/text/sampler.h"
 
 /* ---- helpers ------------------------------------------------------------ */
 

@@ -15,7 +15,7 @@
 
 #include "engine/base/buf.h"
 #include "engine/base/err.h"
-#include "engine/stop.h"
+#include "engine/text/stop.h"
 
 static struct stop_matcher *make(const char *const *stops, int32_t n, bool include_stop) {
     struct stop_matcher *m = NULL;

@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "engine/threadpool.h"
+#include "engine/kernels/threadpool.h"
 
 #define MAX_ITEMS   4096
 #define MAX_THREADS 8

@@ -20,9 +20,9 @@
 #include "engine/base/buf.h"
 #include "engine/base/err.h"
 #include "engine/base/log.h"
-#include "engine/gguf.h"
-#include "engine/pretok.h"
-#include "engine/tokenizer.h"
+#include "engine/format/gguf.h"
+#include "engine/text/pretok.h"
+#include "engine/text/tokenizer.h"
 #include "tests/helpers/testutil.h"
 
 /* ---- a small in-memory GGUF writer (metadata only) ----------------------- */

@@ -22,7 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/gguf.h"
+#include "engine/format/gguf.h"
 
 struct gguf_builder;
 

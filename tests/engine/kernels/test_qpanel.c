@@ -20,7 +20,7 @@
 #include <cmocka.h>
 
 #include "engine/kernels/kernels.h"
-#include "engine/quant.h"
+#include "engine/format/quant.h"
 
 static uint32_t rng_state = 1;
 static uint32_t rnd(void) {

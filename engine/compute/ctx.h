@@ -1,0 +1,56 @@
+/*
+ * ctx.h - struct engine_ctx: the compute context of one step thread. Private
+ * to the engine (engine.c creates it, forward.c uses it).
+ *
+ * All activation scratch is allocated here once, for the largest batch the
+ * ctx accepts; the forward pass allocates nothing.
+ */
+#ifndef LLMSERVE_CTX_H
+#define LLMSERVE_CTX_H
+
+#include <stdint.h>
+
+#include "engine/model/adapter.h"
+#include "engine/compute/attention.h"
+#include "engine/engine.h"
+#include "engine/kernels/kernels.h"
+#include "engine/compute/kv.h"
+
+struct threadpool;
+
+struct engine_ctx {
+    const struct engine_model *model;  // borrowed; outlives the ctx
+    struct engine_ctx_params params;
+    struct threadpool *pool;           // owned
+    struct kern_scratch kscratch;      // owned: f16/bf16 conversion tiles
+    struct kv_store kv;                // owned: the KV block pool
+
+    // Activations for up to T = params.max_batch_tokens tokens (all owned).
+    float *x;         // [T][n_embd] residual stream
+    float *xb;        // [T][n_embd] normed input of a sub-layer
+    float *xb2;       // [T][n_embd] sub-layer output
+    float *q;         // [T][n_head * head_dim]
+    float *k;         // [T][n_head_kv * head_dim]
+    float *v;         // [T][n_head_kv * head_dim]
+    float *att;       // [T][n_head * head_dim]
+    float *hb;        // [T][n_ff]
+    float *hb2;       // [T][n_ff]
+    float *rope_cos;  // [T][n_rot / 2]
+    float *rope_sin;  // [T][n_rot / 2]
+    struct attention_tile *att_tiles;   // [T] query tiles of the current batch
+    const struct kern_attn *attn_kern;  // static table chosen at creation
+    float *att_scratch;       // [n_threads][att_scratch_floats]
+    size_t att_scratch_floats;
+    float *xo;                // [max_outputs][n_embd] normed rows that want logits
+    float *logits;            // [max_outputs][n_vocab]
+
+    // Adapters (engine/lora.h); all NULL/empty when params.max_adapters is 0.
+    struct engine_adapter **adapters;  // [max_adapters] slots: an owned reference or NULL
+    struct adapter_batch ab;           // this batch's adapter tokens and scratch (owned)
+    int32_t *ab_count;                 // [max_adapters + 1] scratch of adapter_batch_build()
+};
+
+/* Runs the decoder over a validated batch (engine_forward checks the limits). */
+void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n_outputs);
+
+#endif

@@ -1,0 +1,208 @@
+/*
+ * forward.c - the decoder forward pass over one batch: embedding to logits in
+ * one straight function, one step per comment, shapes on every buffer. Speed
+ * lives in the kernels it calls (kern_matmul, attention_run), not here.
+ * Adapters (adapter.h) add their updates right after the projection they
+ * change; tokens without one are untouched, a batch without any costs nothing.
+ *
+ * T is the number of tokens in the batch (tokens of many sequences, flattened);
+ * E = n_embd, Q = n_head * head_dim, KV = n_head_kv * head_dim, F = n_ff.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "engine/model/adapter.h"
+#include "engine/compute/attention.h"
+#include "engine/base/alloc.h"
+#include "engine/compute/ctx.h"
+#include "engine/model/model.h"
+#include "engine/compute/rope.h"
+#include "engine/kernels/threadpool.h"
+
+/* out[t] = x[t] / rms(x[t]) * w, for each of n rows of dim elements. */
+static void rmsnorm_rows(float *out, const float *x, const float *w, int64_t n, int32_t dim,
+                         float eps) {
+    for (int64_t t = 0; t < n; t++) {
+        const float *xt = x + t * dim;
+        float *ot = out + t * dim;
+        double ss = 0.0;
+        for (int32_t i = 0; i < dim; i++) ss += (double)xt[i] * xt[i];
+        const float inv = 1.0f / sqrtf((float)(ss / dim) + eps);
+        for (int32_t i = 0; i < dim; i++) ot[i] = xt[i] * inv * w[i];
+    }
+}
+
+static void add_rows(float *x, const float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+static void add_bias(float *y, const float *bias, int64_t n_rows, int32_t dim) {
+    for (int64_t t = 0; t < n_rows; t++) {
+        for (int32_t i = 0; i < dim; i++) y[t * dim + i] += bias[i];
+    }
+}
+
+struct swiglu_job {
+    float *hb;         // [T][F] gate in, result out
+    const float *hb2;  // [T][F] up
+};
+
+/* hb = silu(hb) * hb2, silu(z) = z * sigmoid(z); parallel over elements. */
+static void swiglu_items(void *arg, int64_t begin, int64_t end, int32_t ith, int32_t nth) {
+    (void)ith;
+    (void)nth;
+    struct swiglu_job *j = arg;
+    for (int64_t i = begin; i < end; i++) {
+        const float g = j->hb[i];
+        j->hb[i] = g / (1.0f + expf(-g)) * j->hb2[i];
+    }
+}
+
+/* Writes this batch's K and V into the sequences' blocks, in the KV type. */
+static void kv_write(const struct kv_store *kv, int32_t il, const struct engine_batch *b,
+                     const float *k, const float *v) {
+    const int32_t n_kv = kv->n_head_kv * kv->head_dim;
+    const int32_t bs = kv->block_size;
+    for (int32_t t = 0; t < b->n_tokens; t++) {
+        const struct engine_seq *sq = &b->seqs[b->seq[t]];
+        const int32_t pos = b->pos[t];
+        kv_write_token(kv, il, sq->block_table[pos / bs], pos % bs, k + (size_t)t * n_kv,
+                       v + (size_t)t * n_kv);
+    }
+}
+
+void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n_outputs) {
+    const struct engine_model *m = ctx->model;
+    const struct hparams *hp = &m->hp;
+    const int32_t T = b->n_tokens;
+    const int32_t n_embd = hp->n_embd;
+    const int32_t n_head = hp->n_head;
+    const int32_t n_head_kv = hp->n_head_kv;
+    const int32_t head_dim = hp->head_dim;
+    const int32_t n_q = n_head * head_dim;
+    const int32_t n_kv = n_head_kv * head_dim;
+    const int32_t n_ff = hp->n_ff;
+    const int32_t n_pairs = hp->n_rot / 2;
+    struct threadpool *pool = ctx->pool;
+    struct kern_scratch *ks = &ctx->kscratch;
+
+    // Token embeddings: x[t] = token_embd[token[t]]                     [T][E]
+    for (int32_t t = 0; t < T; t++) {
+        tensor_row_to_f32(m->tok_embd, b->token[t], ctx->x + (size_t)t * n_embd);
+    }
+
+    // RoPE angles per token, shared by every layer                       [T][n_rot/2]
+    for (int32_t t = 0; t < T; t++) {
+        float *c = ctx->rope_cos + (size_t)t * n_pairs;
+        float *s = ctx->rope_sin + (size_t)t * n_pairs;
+        rope_cache(m->rope_inv_freq, n_pairs, b->pos[t], c, s);
+        if (hp->rope_mscale != 1.0f) {  // YaRN scales q and k, so the scores by mscale^2
+            for (int32_t i = 0; i < n_pairs; i++) {
+                c[i] *= hp->rope_mscale;
+                s[i] *= hp->rope_mscale;
+            }
+        }
+    }
+
+    // The tokens that carry an adapter, sorted by adapter into chunks (none: no-op applies)
+    struct adapter_batch *ab = &ctx->ab;
+    adapter_batch_build(ab, b->adapter, T, (const struct engine_adapter *const *)ctx->adapters,
+                        ctx->params.max_adapters, ctx->ab_count);
+
+    // Query tiles for attention, shared by every layer
+    const int32_t n_tiles = attention_tiles(b, ctx->att_tiles);
+
+    struct attention_args att = {
+        .kv = &ctx->kv,
+        .batch = b,
+        .tiles = ctx->att_tiles,
+        .n_tiles = n_tiles,
+        .kern = ctx->attn_kern,
+        .q = ctx->q,
+        .out = ctx->att,
+        .n_head = n_head,
+        .window = hp->sliding_window,
+        .scale = 1.0f / sqrtf((float)head_dim),
+        .scratch = ctx->att_scratch,
+        .scratch_floats = ctx->att_scratch_floats,
+    };
+
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        const struct layer *L = &m->layers[il];
+
+        // Attention norm                                                  [T][E]
+        rmsnorm_rows(ctx->xb, ctx->x, L->attn_norm, T, n_embd, hp->norm_eps);
+
+        // Q, K, V projections (+ bias for qwen2)                  [T][Q], [T][KV]
+        kern_matmul(pool, ks, L->wq, ctx->xb, T, ctx->q);
+        kern_matmul(pool, ks, L->wk, ctx->xb, T, ctx->k);
+        kern_matmul(pool, ks, L->wv, ctx->xb, T, ctx->v);
+        const struct adapter_target qkv[3] = {{ADAPTER_PROJ_Q, ctx->q, n_q},
+                                              {ADAPTER_PROJ_K, ctx->k, n_kv},
+                                              {ADAPTER_PROJ_V, ctx->v, n_kv}};
+        adapter_apply_lora(pool, ab, il, ctx->xb, n_embd, qkv, 3);       // + B (s A xb)
+        if (L->bq) add_bias(ctx->q, L->bq, T, n_q);
+        if (L->bk) add_bias(ctx->k, L->bk, T, n_kv);
+        if (L->bv) add_bias(ctx->v, L->bv, T, n_kv);
+
+        // Per-head RMSNorm of q and k (qwen3)                 [T * n_head][head_dim]
+        if (L->q_norm) {
+            rmsnorm_rows(ctx->q, ctx->q, L->q_norm, (int64_t)T * n_head, head_dim, hp->norm_eps);
+            rmsnorm_rows(ctx->k, ctx->k, L->k_norm, (int64_t)T * n_head_kv, head_dim,
+                         hp->norm_eps);
+        }
+
+        // RoPE on q and k, at each token's position
+        for (int32_t t = 0; t < T; t++) {
+            const float *c = ctx->rope_cos + (size_t)t * n_pairs;
+            const float *s = ctx->rope_sin + (size_t)t * n_pairs;
+            rope_apply(ctx->q + (size_t)t * n_q, n_head, head_dim, hp->n_rot, c, s, m->arch->rope);
+            rope_apply(ctx->k + (size_t)t * n_kv, n_head_kv, head_dim, hp->n_rot, c, s,
+                       m->arch->rope);
+        }
+
+        // Write K/V into the sequences' blocks, then attend through the block tables
+        kv_write(&ctx->kv, il, b, ctx->k, ctx->v);
+        att.layer = il;
+        attention_run(pool, &att);                                       // [T][Q]
+
+        // Output projection (+ LoRA), bottleneck adapter, residual       [T][E]
+        kern_matmul(pool, ks, L->wo, ctx->att, T, ctx->xb2);
+        const struct adapter_target o[1] = {{ADAPTER_PROJ_O, ctx->xb2, n_embd}};
+        adapter_apply_lora(pool, ab, il, ctx->att, n_q, o, 1);
+        adapter_apply_bottleneck(pool, ab, il, ADAPTER_POS_ATTN, ctx->xb2, n_embd);
+        add_rows(ctx->x, ctx->xb2, (int64_t)T * n_embd);
+
+        // FFN norm                                                        [T][E]
+        rmsnorm_rows(ctx->xb, ctx->x, L->ffn_norm, T, n_embd, hp->norm_eps);
+
+        // Gate and up projections (+ LoRA)                               [T][F]
+        kern_matmul(pool, ks, L->ffn_gate, ctx->xb, T, ctx->hb);
+        kern_matmul(pool, ks, L->ffn_up, ctx->xb, T, ctx->hb2);
+        const struct adapter_target gu[2] = {{ADAPTER_PROJ_GATE, ctx->hb, n_ff},
+                                             {ADAPTER_PROJ_UP, ctx->hb2, n_ff}};
+        adapter_apply_lora(pool, ab, il, ctx->xb, n_embd, gu, 2);
+
+        // SwiGLU: hb = silu(gate) * up                                     [T][F]
+        struct swiglu_job sj = {.hb = ctx->hb, .hb2 = ctx->hb2};
+        threadpool_run(pool, (int64_t)T * n_ff, 4096, swiglu_items, &sj);
+
+        // Down projection (+ LoRA), bottleneck adapter, residual         [T][E]
+        kern_matmul(pool, ks, L->ffn_down, ctx->hb, T, ctx->xb2);
+        const struct adapter_target down[1] = {{ADAPTER_PROJ_DOWN, ctx->xb2, n_embd}};
+        adapter_apply_lora(pool, ab, il, ctx->hb, n_ff, down, 1);
+        adapter_apply_bottleneck(pool, ab, il, ADAPTER_POS_FFN, ctx->xb2, n_embd);
+        add_rows(ctx->x, ctx->xb2, (int64_t)T * n_embd);
+    }
+
+    // Final norm of the rows that want logits, then the classifier  [n_out][vocab]
+    int32_t n_out = 0;
+    for (int32_t t = 0; t < T; t++) {
+        if (!b->output[t]) continue;
+        rmsnorm_rows(ctx->xo + (size_t)n_out * n_embd, ctx->x + (size_t)t * n_embd, m->output_norm,
+                     1, n_embd, hp->norm_eps);
+        n_out++;
+    }
+    ASSERT(n_out == n_outputs);
+    if (n_out > 0) kern_matmul(pool, ks, m->output, ctx->xo, n_out, ctx->logits);
+}
