@@ -42,6 +42,7 @@ void config_deinit(struct config *c) {
     free(c->model_path);
     free(c->model_name);
     free(c->kv_type);
+    free(c->chat_template);
     for (int32_t i = 0; i < c->n_api_keys; i++) {
         // Keys are secrets: clear them before the memory goes back.
         volatile char *k = c->api_keys[i];

@@ -26,12 +26,15 @@ struct config {
     char *host;                   // owned; listen address, default "127.0.0.1"
     int32_t port;                 // 1..65535, default 8080
     char *model_path;             // owned; GGUF file (required)
-    char *model_name;             // owned; name served in /v1/models; NULL: the model's own
+    char *model_name;             // owned; id served in /v1/models; NULL: the file's name
+                                  //    without .gguf
     int32_t n_threads;            // kernel threads; 0: all cores
     int32_t n_ctx;                // most tokens per sequence; 0: the model's context_length
     int64_t kv_bytes;             // KV cache budget in bytes
     int32_t block_size;           // tokens per KV block
-    char *kv_type;                // owned; KV storage: "f32" (default), "f16" or "q8_0"
+    char *kv_type;                // owned; KV storage: "f16" (default), "f32" or "q8_0"
+    char *chat_template;          // owned; chat family name (engine/chat.h) overriding the
+                                  //    model's template; NULL: detect it
     int32_t max_seqs;             // sequences running at once
     int32_t max_batch_tokens;     // token budget of one step
     int32_t max_queue;            // requests waiting before 429

@@ -27,7 +27,8 @@ const struct setting setting_table[] = {
     {"model", 'm', "model", SETTING_KIND_STR, OFF(model_path), 0, 0, "FILE",
      "GGUF model to serve (required)"},
     {"model-name", 0, "model_name", SETTING_KIND_STR, OFF(model_name), 0, 0, "NAME",
-     "model id in the API (/v1/models, \"model\" fields); default: the file's name"},
+     "model id in the API (/v1/models, \"model\" fields); default: the file's name "
+     "without .gguf"},
     {"threads", 't', "threads", SETTING_KIND_I32, OFF(n_threads), 0, 1024, "N",
      "kernel threads; 0 = all cores"},
     {"ctx", 'c', "ctx", SETTING_KIND_I32, OFF(n_ctx), 0, 1 << 24, "N",
@@ -39,6 +40,10 @@ const struct setting setting_table[] = {
     // The names are engine_kv_type_parse()'s: config/ may not include engine.h.
     {"kv-type", 0, "kv_type", SETTING_KIND_CHOICE, OFF(kv_type), 0, 0, "f32|f16|q8_0",
      "KV cache storage: f16 (half of f32's bytes), f32 or q8_0 (int8 + scales, ~0.27x)"},
+    // Checked against engine/chat.h's names by the server (config/ may not include it).
+    {"chat-template", 0, "chat_template", SETTING_KIND_STR, OFF(chat_template), 0, 0, "FAMILY",
+     "chat template to use instead of the model's: chatml, qwen2.5, llama3, llama3.1, llama2, "
+     "mistral-legacy, mistral-v1, mistral-v3-tekken, phi3, gemma, zephyr, deepseek-r1"},
     {"max-seqs", 0, "max_seqs", SETTING_KIND_I32, OFF(max_seqs), 1, 65536, "N",
      "most sequences running at once"},
     {"max-batch-tokens", 0, "max_batch_tokens", SETTING_KIND_I32, OFF(max_batch_tokens), 1,

@@ -74,6 +74,13 @@ const struct engine_model_info *engine_model_get_info(const struct engine_model 
 /* The model's tokenizer; borrowed, valid for the model's life. [any thread] */
 const struct tokenizer *engine_model_tokenizer(const struct engine_model *m);
 
+/* Loads only the vocabulary of the GGUF file at path (its tokenizer.* keys;
+ * no tensors read, none needed: vocab-only files such as ggml-vocab-*.gguf
+ * work), for tools that tokenize. *out is owned by the caller
+ * (tokenizer_free()). Returns 0, ERR_NOTFOUND (the file has no tokenizer) or
+ * the open/parse error; each is logged with the path. [any thread] */
+int engine_tokenizer_load(const char *path, struct tokenizer **out);
+
 /* True when token ends generation (eos, eot and the other end-of-turn tokens
  * of the vocabulary); false when the model has no tokenizer. [any thread] */
 bool engine_model_is_eog(const struct engine_model *m, int32_t token);

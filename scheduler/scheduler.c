@@ -708,6 +708,7 @@ static int validate_request(const struct scheduler *s, const struct scheduler_re
         LOG_DEBUG("submit: %s", msg);
         return ERR_INVAL;
     }
+    if (r->reply_prefix && strlen(r->reply_prefix) > SEQ_MAX_REPLY_PREFIX) return ERR_INVAL;
     // Lengths: the context, and the pool (with a sliding window only the
     // window plus one step's chunk is ever live).
     int64_t n_total = (int64_t)r->n_prompt + r->max_tokens;
@@ -749,6 +750,7 @@ int scheduler_submit(struct scheduler *s, const struct scheduler_request *req, u
         .n_stop_token_ids = req->n_stop_token_ids,
         .ignore_eos = req->ignore_eos,
         .skip_special = req->skip_special,
+        .reply_prefix = req->reply_prefix,
         .n_logprobs = req->n_logprobs,
         .adapter = req->adapter,
     };

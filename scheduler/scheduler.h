@@ -58,6 +58,8 @@ struct scheduler_request {
     int32_t n_stop_token_ids;
     bool ignore_eos;
     bool skip_special;              // leave control tokens out of the text
+    const char *reply_prefix;       // NULL, or the chat template's bytes before a reply
+                                    //    (seq.h: dropped from the text's start)
     int32_t n_logprobs;             // -1: none; 0: chosen token's; 1..20: plus the top k
     struct engine_adapter *adapter; // NULL: the base model. Retained by a successful
                                     //    submit until the sequence is done, so the

@@ -2,8 +2,9 @@
  * scheduler/seq.c - sequence lifecycle, stop conditions, incremental text.
  *
  * Text path of one token: tokenizer_stream (holds back a split UTF-8
- * character) -> stop_matcher (holds back a possible stop-string prefix) ->
- * the caller's text buffer. Both hold-backs are flushed when the sequence
+ * character) -> reply prefix (holds back what may be the chat template's
+ * anchor before a reply, dropped once matched) -> stop_matcher (holds back
+ * a possible stop-string prefix) -> the caller's text buffer. Both hold-backs are flushed when the sequence
  * finishes for another reason, so no text is lost.
  */
 #include "scheduler/seq.h"
@@ -40,7 +41,17 @@ int seq_create(uint64_t id, const struct tokenizer *tok, int32_t n_vocab, const 
     s->adapter_id = p->adapter ? engine_adapter_get_info(p->adapter)->id : 0;
     s->slot = -1;
     s->tok = tok;
-    tokenizer_stream_init(&s->stream, p->skip_special);
+    if (tok) tokenizer_stream_init_after(&s->stream, tok, prompt, n_prompt, p->skip_special);
+    else tokenizer_stream_init(&s->stream, p->skip_special);
+    if (p->reply_prefix) {
+        size_t n = strlen(p->reply_prefix);
+        if (n > SEQ_MAX_REPLY_PREFIX) {
+            err = ERR_INVAL;
+            goto fail;
+        }
+        memcpy(s->reply_prefix, p->reply_prefix, n + 1);
+        s->n_reply_prefix = (int32_t)n;
+    }
     int32_t cap = block_table_blocks_for(s->n_tokens_max, block_size);
     block_table_init(&s->table, cap);
     s->tokens = malloc((size_t)s->n_tokens_max * sizeof(*s->tokens));
@@ -82,6 +93,7 @@ void seq_destroy(struct seq *s) {
     sampler_free(s->sampler);
     stop_matcher_free(s->stop);
     buf_free(&s->piece);
+    buf_free(&s->unprefixed);
     channel_release(s->channel);
     engine_adapter_release(s->adapter);
     free(s);
@@ -103,11 +115,42 @@ static int emit(struct seq *s, const char *piece, size_t len, struct buf *text) 
     return stop_matcher_feed(s->stop, piece, len, text);
 }
 
+/* The reply prefix (the template's " " after "[/INST]", say) is the
+ * template's, not the reply's: it is matched byte by byte at the text's start
+ * and dropped when whole; on a mismatch, or at a finish before it is whole,
+ * the held bytes go out as text. Returns s->piece, or s->unprefixed holding
+ * what passes. */
+static const struct buf *drop_reply_prefix(struct seq *s, bool finishing) {
+    if (s->n_reply_prefix == 0) return &s->piece;
+    struct buf *out = &s->unprefixed;
+    buf_reset(out);
+    size_t i = 0;
+    for (; i < s->piece.len && s->n_prefix_held < s->n_reply_prefix; i++) {
+        if (s->piece.data[i] != s->reply_prefix[s->n_prefix_held]) break;
+        s->n_prefix_held++;
+    }
+    bool whole = s->n_prefix_held == s->n_reply_prefix;
+    bool mismatch = i < s->piece.len && !whole;
+    if (whole || mismatch || finishing) {
+        if (!whole) buf_append(out, s->reply_prefix, (size_t)s->n_prefix_held);
+        s->n_reply_prefix = 0;  // done with it
+    }
+    buf_append(out, s->piece.data ? s->piece.data + i : "", s->piece.len - i);
+    return out;
+}
+
+/* The text of the token just fed into s->piece, through the reply prefix
+ * and the stop matcher; 1 when a stop string matched. */
+static int emit_piece(struct seq *s, struct buf *text, bool finishing) {
+    const struct buf *p = drop_reply_prefix(s, finishing);
+    return emit(s, p->data ? p->data : "", p->len, text);
+}
+
 /* Finishing without a stop string: everything held back goes out. */
 static void flush(struct seq *s, struct buf *text) {
     buf_reset(&s->piece);
     if (s->tok) tokenizer_stream_flush(s->tok, &s->stream, &s->piece);
-    if (emit(s, s->piece.data ? s->piece.data : "", s->piece.len, text)) return;
+    if (emit_piece(s, text, true)) return;
     if (s->stop) stop_matcher_flush(s->stop, text);
 }
 
@@ -124,7 +167,7 @@ enum seq_status seq_append(struct seq *s, int32_t token, struct buf *text) {
     }
     buf_reset(&s->piece);
     if (s->tok) tokenizer_stream_feed(s->tok, &s->stream, token, &s->piece);
-    if (emit(s, s->piece.data ? s->piece.data : "", s->piece.len, text)) {
+    if (emit_piece(s, text, false)) {
         s->status = SEQ_STATUS_FINISHED_STOP;
         return s->status;
     }

@@ -37,6 +37,8 @@ enum seq_status {
     SEQ_STATUS_FINISHED_ERROR,     // could never be scheduled, or the engine failed
 };
 
+#define SEQ_MAX_REPLY_PREFIX 15
+
 /* What a sequence is asked to do; every pointer is borrowed by seq_create(),
  * which copies what it keeps. */
 struct seq_params {
@@ -50,6 +52,9 @@ struct seq_params {
     int32_t n_stop_token_ids;
     bool ignore_eos;                // do not stop at eos/eot (load generators)
     bool skip_special;              // leave control tokens out of the text
+    const char *reply_prefix;       // NULL or <= SEQ_MAX_REPLY_PREFIX bytes the chat template
+                                    //    puts before a reply (llama2: " "), dropped from
+                                    //    the text's start when the reply begins with them
     int32_t n_logprobs;             // -1: none; 0: the chosen token's; k: plus top k
     struct engine_adapter *adapter; // NULL: the base model; seq_create() retains it
 };
@@ -82,6 +87,10 @@ struct seq {
     struct stop_matcher *stop;        // owned; NULL without stop strings
     struct tokenizer_stream stream;   // incremental detokeniser state
     struct buf piece;                 // owned scratch: one token's text before stop matching
+    struct buf unprefixed;            // owned scratch: piece less the reply prefix
+    char reply_prefix[SEQ_MAX_REPLY_PREFIX + 1];
+    int32_t n_reply_prefix;           // 0: none, or done with it
+    int32_t n_prefix_held;            // of reply_prefix, bytes matched and held back
     const struct tokenizer *tok;      // borrowed from the model
     struct channel *channel;          // owned: the producer's reference (NULL in unit tests)
     int64_t t_arrival_ns;             // when submitted
@@ -92,9 +101,10 @@ struct seq {
 };
 
 /* Creates a WAITING sequence with a copy of prompt [n_prompt] (n_prompt >= 1,
- * ids valid) and of p's lists; the sampler sees the prompt. block_size sizes
+ * ids valid) and of p's lists; the sampler sees the prompt, the text stream
+ * continues the prompt's text (tokenizer_stream_init_after()). block_size sizes
  * the block table for n_prompt + max_tokens tokens. Returns 0, ERR_INVAL
- * (bad stop strings: p comes from a client) or ERR_NOMEM; *out is owned by the
+ * (bad stop strings or reply prefix: p comes from a client) or ERR_NOMEM; *out is owned by the
  * caller (seq_destroy()). [any thread] */
 int seq_create(uint64_t id, const struct tokenizer *tok, int32_t n_vocab, const int32_t *prompt,
                int32_t n_prompt, const struct seq_params *p, int32_t block_size,

@@ -35,6 +35,7 @@
 #include "engine/engine.h"
 #include "scheduler/scheduler.h"
 #include "server/cmd.h"
+#include "server/openai.h"
 
 #define BATCH_MAX_FILE_BYTES ((size_t)1 << 30)
 #define BATCH_MAX_STOPS STOP_MAX_STRINGS  // the scheduler validates the list
@@ -47,7 +48,9 @@ struct batch_loras {
     const char *paths[BATCH_MAX_LORAS];         // borrowed from argv
     struct engine_adapter *adapters[BATCH_MAX_LORAS];  // owned references
     int32_t n;
-    const char *base_name;                      // the model's own name (borrowed)
+    const char *base_name;                      // the model's id: the file's name without
+                                                //    .gguf, as serve names it (borrowed)
+    const char *gguf_name;                      // general.name, also taken (borrowed)
 };
 
 struct batch_line {
@@ -157,7 +160,8 @@ static void parse_line(const struct tokenizer *tok, int32_t n_vocab, const struc
     }
     l->req.ignore_eos = json_is_true(json_object_get(o, "ignore_eos"));
     json_t *model = json_object_get(o, "model");
-    if (json_is_string(model) && strcmp(json_string_value(model), lo->base_name) != 0) {
+    if (json_is_string(model) && strcmp(json_string_value(model), lo->base_name) != 0 &&
+        strcmp(json_string_value(model), lo->gguf_name) != 0) {
         const char *name = json_string_value(model);
         for (int32_t i = 0; i < lo->n; i++)
             if (strlen(name) == lo->name_lens[i] && strncmp(name, lo->names[i], lo->name_lens[i]) == 0)
@@ -337,7 +341,10 @@ int cmd_batch(int argc, char **argv) {
     }
     const struct tokenizer *tok = engine_model_tokenizer(model);
     int32_t n_vocab = engine_model_get_info(model)->n_vocab;
-    lo.base_name = engine_model_get_info(model)->name;
+    char file_id[256];
+    openai_model_id(model_path, file_id, sizeof(file_id));
+    lo.base_name = file_id;
+    lo.gguf_name = engine_model_get_info(model)->name;
     for (int32_t i = 0; i < lo.n; i++) {
         err = engine_adapter_load(model, lo.paths[i], &lo.adapters[i]);
         if (err) {

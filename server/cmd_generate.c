@@ -498,7 +498,7 @@ int cmd_generate(int argc, char **argv) {
 
     // Decode, streaming ids or text as they come.
     struct tokenizer_stream ts;
-    tokenizer_stream_init_continuation(&ts, true);  // keep the first token's space
+    tokenizer_stream_init_after(&ts, tok, prompt, n_prompt, true);  // text after the prompt's
     int64_t t_decode0 = clock_mono_ns();
     int32_t n_gen = 0;
     bool stopped = false;

@@ -82,6 +82,12 @@ int cmd_serve(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &stop_set, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    enum chat_family chat_override = CHAT_FAMILY_FALLBACK;
+    if (cfg.chat_template && chat_family_parse(cfg.chat_template, &chat_override) != 0) {
+        LOG_ERROR("--chat-template: unknown family '%s' (see --help for the names)",
+                  cfg.chat_template);
+        goto done;
+    }
     int64_t t0 = clock_mono_ns();
     struct engine_model_params mp = engine_model_default_params();
     mp.path = cfg.model_path;
@@ -134,13 +140,18 @@ int cmd_serve(int argc, char **argv) {
         .started_s = (int64_t)time(NULL),
     };
     app.om.model = model;
-    app.om.name = cfg.model_name ? cfg.model_name : info->name;
+    char file_id[256];
+    openai_model_id(cfg.model_path, file_id, sizeof(file_id));
+    app.om.name = cfg.model_name ? cfg.model_name : file_id[0] ? file_id : info->name;
     int64_t kv_tokens = (int64_t)(n_blocks > 1 ? n_blocks - 1 : 0) * cfg.block_size;
     app.om.n_ctx = cfg.n_ctx > 0 ? cfg.n_ctx : info->n_ctx_train;
     if (kv_tokens > 0 && kv_tokens < app.om.n_ctx) app.om.n_ctx = (int32_t)kv_tokens;
     const char *tmpl = engine_model_chat_template(model);
     err = chat_detect(tmpl, tmpl ? strlen(tmpl) : 0, &app.om.chat_family);
-    if (err == ERR_NOTFOUND) {
+    if (cfg.chat_template) {
+        app.om.chat_family = chat_override;  // --chat-template, checked before the model loaded
+        app.om.has_chat = true;
+    } else if (err == ERR_NOTFOUND) {
         app.om.chat_family = CHAT_FAMILY_FALLBACK;
         app.om.has_chat = true;
     } else {

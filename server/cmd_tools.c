@@ -36,21 +36,15 @@ static int read_stdin(struct buf *b) {
     return ferror(stdin) ? ERR_IO : 0;
 }
 
-static int load(const char *cmd, const char *path, struct engine_model **out) {
-    struct engine_model_params mp = engine_model_default_params();
-    mp.path = path;
-    int err = engine_model_load(&mp, out);
+/* The vocabulary of the file at path, no weights: these tools work on
+ * vocab-only GGUF files and do not map a large model's tensors. */
+static int load(const char *cmd, const char *path, struct tokenizer **out) {
+    int err = engine_tokenizer_load(path, out);
     if (err) {
-        fprintf(stderr, "%s: cannot load %s: %s\n", cmd, path, err_str(err));
-        return err;
+        fprintf(stderr, "%s: cannot load the tokenizer of %s: %s\n", cmd, path,
+                err == ERR_NOTFOUND ? "the file has no tokenizer.* keys" : err_str(err));
     }
-    if (!engine_model_tokenizer(*out)) {
-        fprintf(stderr, "%s: %s has no tokenizer\n", cmd, path);
-        engine_model_free(*out);
-        *out = NULL;
-        return ERR_NOTFOUND;
-    }
-    return 0;
+    return err;
 }
 
 int cmd_tokenize(int argc, char **argv) {
@@ -86,15 +80,15 @@ int cmd_tokenize(int argc, char **argv) {
         fprintf(stderr, "tokenize: -m FILE is required\n");
         return 2;
     }
-    struct engine_model *model = NULL;
-    if (load("tokenize", model_path, &model)) return 1;
+    struct tokenizer *tok = NULL;
+    if (load("tokenize", model_path, &tok)) return 1;
     struct buf text = {0};
     int err = read_stdin(&text);
     int32_t *ids = NULL;
     int32_t n = 0;
     if (!err) {
-        err = tokenizer_encode(engine_model_tokenizer(model), text.data ? text.data : "",
-                               text.len, add_special, parse_special, &ids, &n);
+        err = tokenizer_encode(tok, text.data ? text.data : "", text.len, add_special,
+                               parse_special, &ids, &n);
     }
     if (err) {
         fprintf(stderr, "tokenize: %s\n",
@@ -106,7 +100,7 @@ int cmd_tokenize(int argc, char **argv) {
     }
     free(ids);
     buf_free(&text);
-    engine_model_free(model);
+    tokenizer_free(tok);
     return err ? 1 : 0;
 }
 
@@ -138,9 +132,8 @@ int cmd_detokenize(int argc, char **argv) {
         fprintf(stderr, "detokenize: -m FILE is required\n");
         return 2;
     }
-    struct engine_model *model = NULL;
-    if (load("detokenize", model_path, &model)) return 1;
-    const struct tokenizer *tok = engine_model_tokenizer(model);
+    struct tokenizer *tok = NULL;
+    if (load("detokenize", model_path, &tok)) return 1;
     struct buf in = {0};
     int err = read_stdin(&in);
     int32_t *ids = NULL;
@@ -181,6 +174,6 @@ int cmd_detokenize(int argc, char **argv) {
     }
     free(ids);
     buf_free(&in);
-    engine_model_free(model);
+    tokenizer_free(tok);
     return err ? 1 : 0;
 }

@@ -512,6 +512,7 @@ int openai_prepare(struct openai_request *r, const struct openai_model *m,
             buf_free(&text);
             return fail(e, "messages", "%s", msg);
         }
+        chat_reply_prefix(m->chat_family, &cp, r->reply_prefix, sizeof(r->reply_prefix));
         r->prompts = xcalloc(1, sizeof(*r->prompts));
         r->n_prompts = 1;
         r->prompts[0].text = text.data ? buf_take(&text) : xstrdup("");
@@ -557,9 +558,17 @@ int openai_prepare(struct openai_request *r, const struct openai_model *m,
 
 /* ---- responses ---------------------------------------------------------------- */
 
-static json_t *piece_json(const struct tokenizer *tok, int32_t id, struct buf *scratch) {
+/* Token id's bytes into scratch: as the text has them when a stream is given
+ * (which then advances), else its piece. */
+static void token_bytes(const struct tokenizer *tok, struct tokenizer_stream *stream, int32_t id,
+                        struct buf *scratch) {
     buf_reset(scratch);
-    tokenizer_token_to_piece(tok, id, true, scratch);
+    if (stream) tokenizer_stream_piece(tok, stream, id, scratch);
+    else tokenizer_token_to_piece(tok, id, true, scratch);
+}
+
+/* The JSON string of the bytes in scratch. */
+static json_t *piece_json(const struct buf *scratch) {
     // A piece may be a lone byte of a multi-byte character: not valid JSON text.
     if (!tokenizer_utf8_valid(scratch->data ? scratch->data : "", scratch->len)) {
         char hex[16];
@@ -570,9 +579,8 @@ static json_t *piece_json(const struct tokenizer *tok, int32_t id, struct buf *s
     return json_stringn(scratch->data ? scratch->data : "", scratch->len);
 }
 
-static json_t *bytes_json(const struct tokenizer *tok, int32_t id, struct buf *scratch) {
-    buf_reset(scratch);
-    tokenizer_token_to_piece(tok, id, true, scratch);
+/* The JSON array of the bytes in scratch. */
+static json_t *bytes_json(const struct buf *scratch) {
     json_t *a = json_array();
     for (size_t i = 0; i < scratch->len; i++) {
         json_array_append_new(a, json_integer((unsigned char)scratch->data[i]));
@@ -584,6 +592,14 @@ static json_t *logprob_json(float lp) {
     return json_real(isfinite(lp) ? (double)lp : -9999.0);
 }
 
+/* Token id at the position the choice's stream is at: its bytes into
+ * scratch, without advancing the stream (alternatives share the position). */
+static void alt_bytes(const struct openai_choice *c, int32_t id, struct buf *scratch) {
+    struct tokenizer_stream at;
+    if (c->stream) at = *c->stream;
+    token_bytes(c->tok, c->stream ? &at : NULL, id, scratch);
+}
+
 /* Completions: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}. */
 static json_t *completion_logprobs(const struct openai_choice *c) {
     json_t *tokens = json_array();
@@ -593,16 +609,18 @@ static json_t *completion_logprobs(const struct openai_choice *c) {
     struct buf scratch = {0};
     size_t offset = c->text_offset;
     for (int32_t i = 0; i < c->n_lps; i++) {
-        json_array_append_new(tokens, piece_json(c->tok, c->ids[i], &scratch));
-        json_array_append_new(offsets, json_integer((json_int_t)offset));
-        offset += scratch.len;
-        json_array_append_new(lps, logprob_json(c->lps[i].logprob));
         json_t *top = json_object();
         for (int32_t k = 0; k < c->lps[i].n_top && k < c->n_top; k++) {
-            json_t *p = piece_json(c->tok, c->lps[i].top[k].token, &scratch);
+            alt_bytes(c, c->lps[i].top[k].token, &scratch);
+            json_t *p = piece_json(&scratch);
             json_object_set_new(top, json_string_value(p), logprob_json(c->lps[i].top[k].logprob));
             json_decref(p);
         }
+        token_bytes(c->tok, c->stream, c->ids[i], &scratch);
+        json_array_append_new(tokens, piece_json(&scratch));
+        json_array_append_new(offsets, json_integer((json_int_t)offset));
+        offset += scratch.len;
+        json_array_append_new(lps, logprob_json(c->lps[i].logprob));
         json_array_append_new(tops, top);
     }
     buf_free(&scratch);
@@ -614,24 +632,27 @@ static json_t *completion_logprobs(const struct openai_choice *c) {
     return o;
 }
 
+/* {"token", "logprob", "bytes"} of the bytes in scratch. */
+static json_t *chat_token_json(const struct buf *scratch, float logprob) {
+    json_t *t = json_object();
+    json_object_set_new(t, "token", piece_json(scratch));
+    json_object_set_new(t, "logprob", logprob_json(logprob));
+    json_object_set_new(t, "bytes", bytes_json(scratch));
+    return t;
+}
+
 /* Chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}. */
 static json_t *chat_logprobs(const struct openai_choice *c) {
     json_t *content = json_array();
     struct buf scratch = {0};
     for (int32_t i = 0; i < c->n_lps; i++) {
-        json_t *item = json_object();
-        json_object_set_new(item, "token", piece_json(c->tok, c->ids[i], &scratch));
-        json_object_set_new(item, "logprob", logprob_json(c->lps[i].logprob));
-        json_object_set_new(item, "bytes", bytes_json(c->tok, c->ids[i], &scratch));
         json_t *tops = json_array();
         for (int32_t k = 0; k < c->lps[i].n_top && k < c->n_top; k++) {
-            json_t *t = json_object();
-            int32_t id = c->lps[i].top[k].token;
-            json_object_set_new(t, "token", piece_json(c->tok, id, &scratch));
-            json_object_set_new(t, "logprob", logprob_json(c->lps[i].top[k].logprob));
-            json_object_set_new(t, "bytes", bytes_json(c->tok, id, &scratch));
-            json_array_append_new(tops, t);
+            alt_bytes(c, c->lps[i].top[k].token, &scratch);
+            json_array_append_new(tops, chat_token_json(&scratch, c->lps[i].top[k].logprob));
         }
+        token_bytes(c->tok, c->stream, c->ids[i], &scratch);
+        json_t *item = chat_token_json(&scratch, c->lps[i].logprob);
         json_object_set_new(item, "top_logprobs", tops);
         json_array_append_new(content, item);
     }
@@ -735,6 +756,17 @@ char *openai_error_json(const char *message, const char *type, const char *param
     json_t *root = json_object();
     json_object_set_new(root, "error", err);
     return dump(root);
+}
+
+void openai_model_id(const char *path, char *out, size_t out_size) {
+    ASSERT(out_size >= 1);
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    size_t n = strlen(base);
+    if (n > 5 && strcmp(base + n - 5, ".gguf") == 0) n -= 5;
+    if (n >= out_size) n = out_size - 1;
+    memcpy(out, base, n);
+    out[n] = '\0';
 }
 
 void openai_make_id(const char *prefix, char *out, size_t out_size) {

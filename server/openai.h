@@ -70,6 +70,8 @@ struct openai_request {
     bool ignore_eos;
     bool include_stop_str;
     bool skip_special;                    // default true
+    char reply_prefix[16];                // chat, after prepare: the template's bytes before
+                                          //    a reply (chat_reply_prefix()), dropped from text
 };
 
 /* Parses and validates a request body (len bytes, need not be
@@ -97,7 +99,8 @@ struct openai_model {
  * messages into one prompt, tokenizes text prompts, checks that no prompt is
  * empty and that every prompt + max_tokens fits n_ctx (ERR_TOOLONG, code
  * "context_length_exceeded"), and sets max_tokens where the client gave none
- * (completions: 16, as OpenAI; chat: the rest of the context). Returns 0 or
+ * (completions: 16, as OpenAI; chat: the rest of the context); chat also
+ * sets reply_prefix. Returns 0 or
  * the error in e. */
 int openai_prepare(struct openai_request *r, const struct openai_model *m,
                    struct openai_error *e);
@@ -114,6 +117,9 @@ struct openai_meta {
  * pointer is borrowed for the call. */
 struct openai_choice {
     int32_t index;
+    struct tokenizer_stream *stream;        // NULL, or the choice's log-probability stream
+                                            //    (tokenizer_stream_init_after(prompt)): token
+                                            //    strings then match the text's bytes
     const char *text;                       // valid UTF-8 [text_len]
     size_t text_len;
     const char *finish_reason;              // "stop", "length", ... or NULL (JSON null)
@@ -145,6 +151,12 @@ char *openai_chat_json(const struct openai_meta *meta, const struct openai_choic
  * NULL (JSON null). */
 char *openai_error_json(const char *message, const char *type, const char *param,
                         const char *code);
+
+/* The model id a user would type for the file at path: its name without the
+ * directories and a ".gguf" suffix ("models/stories260K.gguf" ->
+ * "stories260K"), into out (NUL-terminated, cut to out_size - 1 bytes).
+ * Empty when path names no file (ends in '/'). */
+void openai_model_id(const char *path, char *out, size_t out_size);
 
 /* A random id with the prefix ("cmpl-", "chatcmpl-"): prefix + 24 hex digits,
  * into out (out_size >= strlen(prefix) + 25). */

@@ -80,6 +80,8 @@ int req_submit(struct req *r, void (*wake)(void *), void *wake_user) {
         sr.n_stop_token_ids = oa->n_stop_token_ids;
         sr.ignore_eos = oa->ignore_eos;
         sr.skip_special = oa->skip_special;
+        sr.reply_prefix = oa->reply_prefix[0] ? oa->reply_prefix : NULL;
+        tokenizer_stream_init_after(&c->lp_stream, r->tok, pr->ids, pr->n_ids, oa->skip_special);
         sr.n_logprobs = oa->n_logprobs;
         sr.adapter = r->adapter;  // the scheduler retains it per sequence
         int err = scheduler_submit(r->sched, &sr, &c->seq_id, &c->ch);

@@ -51,6 +51,8 @@ struct req_choice {
     int32_t n_pending;
     int32_t cap;
     size_t text_sent;                 // bytes of text already sent (logprob text_offset)
+    struct tokenizer_stream lp_stream;  // where the log-probability token strings are:
+                                        //    after the prompt, as the text is
     enum channel_finish finish;       // NONE while running
     int err;                          // with CHANNEL_FINISH_ERROR
     struct channel_usage usage;

@@ -295,7 +295,8 @@ void routes_final_reply(const struct routes_ctx *ctx, struct req *r, struct rout
             if (p->text) {
                 buf_append_str(&texts[i], p->text);
             } else {
-                tokenizer_decode(r->tok, p->ids, p->n_ids, false, &texts[i]);
+                // As decode(prompt + completion) has it, so the two join up.
+                tokenizer_decode(r->tok, p->ids, p->n_ids, r->oa.skip_special, &texts[i]);
             }
             offset = texts[i].len;
         }
@@ -306,6 +307,7 @@ void routes_final_reply(const struct routes_ctx *ctx, struct req *r, struct rout
             .text_len = texts[i].len,
             .finish_reason = req_finish_reason(ch->finish),
             .tok = r->tok,
+            .stream = &ch->lp_stream,
             .ids = ch->ids,
             .lps = ch->lps,
             .n_lps = ch->lps ? ch->n_pending : 0,

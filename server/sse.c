@@ -60,6 +60,7 @@ static bool emit_deltas(struct req *r) {
             .text_len = ch->text.len,
             .finish_reason = ended ? req_finish_reason(ch->finish) : NULL,
             .tok = r->tok,
+            .stream = &ch->lp_stream,
             .ids = ch->ids,
             .lps = ch->lps && ch->n_pending ? ch->lps : NULL,
             .n_lps = ch->n_pending,

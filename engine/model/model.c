@@ -505,6 +505,21 @@ void engine_model_free(struct engine_model *m) {
     free(m);
 }
 
+int engine_tokenizer_load(const char *path, struct tokenizer **out) {
+    *out = NULL;
+    struct gguf_file *f = NULL;
+    int err = gguf_open(path, &f);  // maps the file; tensor data is never touched
+    if (err) return err;
+    if (!gguf_find(f, "tokenizer.ggml.model")) {
+        LOG_ERROR("%s: no tokenizer (tokenizer.ggml.model is missing)", path);
+        err = ERR_NOTFOUND;
+    } else {
+        err = tokenizer_load(f, out);  // copies what it keeps
+    }
+    gguf_close(f);
+    return err;
+}
+
 int engine_model_load(const struct engine_model_params *p, struct engine_model **out) {
     *out = NULL;
     ASSERT(p && p->path);

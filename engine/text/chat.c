@@ -657,3 +657,29 @@ int chat_render(enum chat_family f, const struct chat_message *msgs, int32_t n_m
                        memcmp(out->data + start, bos, strlen(bos)) == 0;
     return 0;
 }
+
+void chat_reply_prefix(enum chat_family f, const struct chat_render_params *params, char *out,
+                       size_t out_size) {
+    ASSERT(out_size >= 1);
+    out[0] = '\0';
+    // What the template writes between the generation prompt and a reply:
+    // render a conversation without and with one, and read the bytes between.
+    struct chat_message msgs[] = {{"user", "u"}, {"assistant", "x"}};
+    struct chat_render_params p = *params;
+    struct buf open = {0}, done = {0};
+    p.add_generation_prompt = true;
+    int err = chat_render(f, msgs, 1, &p, &open, NULL, NULL, 0);
+    p.add_generation_prompt = false;
+    if (!err) err = chat_render(f, msgs, 2, &p, &done, NULL, NULL, 0);
+    if (!err && done.len > open.len && memcmp(done.data, open.data, open.len) == 0) {
+        const char *rest = done.data + open.len;
+        const char *x = memchr(rest, 'x', done.len - open.len);
+        size_t n = x ? (size_t)(x - rest) : 0;
+        if (n < out_size) {
+            memcpy(out, rest, n);
+            out[n] = '\0';
+        }
+    }
+    buf_free(&open);
+    buf_free(&done);
+}

@@ -119,4 +119,14 @@ int chat_render(enum chat_family f, const struct chat_message *msgs, int32_t n_m
                 const struct chat_render_params *params, struct buf *out, bool *out_has_bos,
                 char *msg, size_t msg_size);
 
+/* The bytes family f's template writes between the end of the prompt and an
+ * assistant reply's content (llama2 and mistral-v1: " ", from "[/INST] " +
+ * reply; "" for the others), into out (NUL-terminated; "" when they would not
+ * fit in out_size). Derived by rendering a conversation without and with a
+ * reply, so it follows the renderer. A model continuing the prompt writes
+ * them first; they are the template's, not the reply's, and servers drop
+ * them from the reply's text. [any thread] */
+void chat_reply_prefix(enum chat_family f, const struct chat_render_params *params, char *out,
+                       size_t out_size);
+
 #endif

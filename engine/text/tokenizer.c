@@ -630,9 +630,39 @@ void tokenizer_stream_init(struct tokenizer_stream *s, bool skip_special) {
     s->skip_special = skip_special;
 }
 
-void tokenizer_stream_init_continuation(struct tokenizer_stream *s, bool skip_special) {
+/* Whether token id gives text of its own (the first such token of a text
+ * loses the SPM dummy prefix). */
+static bool gives_text(const struct tokenizer *t, int32_t id) {
+    return in_range(t, id) && !is_control_like(t->types[id]) && t->piece_len[id] > 0;
+}
+
+void tokenizer_stream_init_after(struct tokenizer_stream *s, const struct tokenizer *t,
+                                 const int32_t *prompt, int32_t n_prompt, bool skip_special) {
     tokenizer_stream_init(s, skip_special);
+    for (int32_t i = 0; i < n_prompt && !s->has_text; i++) s->has_text = gives_text(t, prompt[i]);
+}
+
+/* The bytes id adds at s's point: its piece, less the SPM dummy prefix when
+ * it is the text's first token (which it then marks as begun). */
+static void stream_bytes(const struct tokenizer *t, struct tokenizer_stream *s, int32_t id,
+                         const unsigned char **p, uint32_t *n) {
+    *p = (const unsigned char *)t->pieces + t->piece_off[id];
+    *n = t->piece_len[id];
+    if (s->has_text || !gives_text(t, id)) return;
+    if (t->add_space_prefix && t->types[id] != TOKENIZER_TYPE_BYTE && (*p)[0] == ' ') {
+        (*p)++;
+        (*n)--;
+    }
     s->has_text = true;
+}
+
+void tokenizer_stream_piece(const struct tokenizer *t, struct tokenizer_stream *s, int32_t id,
+                            struct buf *out) {
+    if (!in_range(t, id)) return;
+    const unsigned char *p;
+    uint32_t n;
+    stream_bytes(t, s, id, &p, &n);
+    buf_append(out, p, n);
 }
 
 static void append_replacement(struct buf *out) { buf_append(out, "\xef\xbf\xbd", 3); }
@@ -674,16 +704,9 @@ void tokenizer_stream_feed(const struct tokenizer *t, struct tokenizer_stream *s
     if (!in_range(t, id)) return;
     bool control = is_control_like(t->types[id]);
     if (control && s->skip_special) return;
-    const unsigned char *p = (const unsigned char *)t->pieces + t->piece_off[id];
-    uint32_t n = t->piece_len[id];
-    if (!control && !s->has_text && n > 0) {
-        // The SPM dummy prefix: one leading space of the text's first token.
-        if (t->add_space_prefix && t->types[id] != TOKENIZER_TYPE_BYTE && p[0] == ' ') {
-            p++;
-            n--;
-        }
-        s->has_text = true;
-    }
+    const unsigned char *p;
+    uint32_t n;
+    stream_bytes(t, s, id, &p, &n);
     if (s->n_pending == 0 && tokenizer_utf8_valid((const char *)p, n)) {
         buf_append(out, p, n);  // the common case: a whole, valid piece
         return;

@@ -105,7 +105,7 @@ void tokenizer_token_to_piece(const struct tokenizer *t, int32_t id, bool specia
  * (the prefix encode added), as HF's and sentencepiece's decoders do, so
  * decode(encode(s)) == s. Control tokens (BOS) before it do not count. To
  * decode ids that continue earlier text (generated tokens after a prompt), use
- * a stream set up with tokenizer_stream_init_continuation(). Byte-level BPE
+ * a stream set up with tokenizer_stream_init_after(). Byte-level BPE
  * strips nothing and does no clean-up of spaces. Ids out of range are
  * skipped. */
 void tokenizer_decode(const struct tokenizer *t, const int32_t *ids, int32_t n, bool skip_special,
@@ -124,11 +124,23 @@ struct tokenizer_stream {
 };
 
 void tokenizer_stream_init(struct tokenizer_stream *s, bool skip_special);
-/* As tokenizer_stream_init() for ids that continue text decoded elsewhere
- * (e.g. generated tokens after the prompt): no leading space is stripped. */
-void tokenizer_stream_init_continuation(struct tokenizer_stream *s, bool skip_special);
+/* As tokenizer_stream_init() for ids that continue prompt [n_prompt] (e.g.
+ * generated tokens after a prompt): the stream's text is then exactly
+ * decode(prompt + ids) with decode(prompt)'s bytes removed. A prompt that
+ * gives text (any non-control token) has used the SPM dummy prefix, so no
+ * leading space is stripped; a prompt of only control tokens (BOS) or none
+ * leaves the first text token to lose it, as decode would. */
+void tokenizer_stream_init_after(struct tokenizer_stream *s, const struct tokenizer *t,
+                                 const int32_t *prompt, int32_t n_prompt, bool skip_special);
 void tokenizer_stream_feed(const struct tokenizer *t, struct tokenizer_stream *s, int32_t id,
                            struct buf *out);
+/* Appends the raw bytes token id adds to the stream's text (maybe an
+ * incomplete UTF-8 sequence, never held back: for log-probability token
+ * strings), control tokens' text included whatever skip_special says, and
+ * advances s past the leading-space rule as feed() would. s's pending bytes
+ * are untouched: use a separate stream from the one that feeds the text. */
+void tokenizer_stream_piece(const struct tokenizer *t, struct tokenizer_stream *s, int32_t id,
+                            struct buf *out);
 /* Emits what is still held back (as U+FFFD where it is not valid UTF-8). */
 void tokenizer_stream_flush(const struct tokenizer *t, struct tokenizer_stream *s,
                             struct buf *out);

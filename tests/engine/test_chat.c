@@ -546,6 +546,27 @@ static void test_chat_render_deepseek_r1(void **state) {
 
 /* ---- text handling ------------------------------------------------------ */
 
+/* What each template writes between the generation prompt and a reply's
+ * content, read off the templates' own text (quoted in the tests above): the
+ * llama-2 template's assistant turn is ' ' + content.strip() + ' ' + eos,
+ * Mistral v1's ' ' + content + eos; every other family opens the reply right
+ * where its generation prompt ends. */
+static void test_chat_reply_prefix(void **state) {
+    (void)state;
+    struct chat_render_params p = params("<s>", "</s>", true);
+    for (int f = 0; f < CHAT_FAMILY_COUNT; f++) {
+        char out[16] = "junk";
+        chat_reply_prefix((enum chat_family)f, &p, out, sizeof(out));
+        const char *want = f == CHAT_FAMILY_LLAMA2 || f == CHAT_FAMILY_MISTRAL_V1 ? " " : "";
+        if (strcmp(out, want) != 0)
+            fail_msg("%s: reply prefix '%s', want '%s'", chat_family_name((enum chat_family)f),
+                     out, want);
+    }
+    char tiny[1] = "";
+    chat_reply_prefix(CHAT_FAMILY_LLAMA2, &p, tiny, sizeof(tiny));  // does not fit: ""
+    assert_string_equal(tiny, "");
+}
+
 static void test_chat_render_utf8(void **state) {
     (void)state;
     // multi-byte content passes through untouched where nothing trims
@@ -655,6 +676,7 @@ int main(void) {
         cmocka_unit_test(test_chat_detect_snippets),
         cmocka_unit_test(test_chat_detect_respects_len),
         cmocka_unit_test(test_chat_family_names),
+        cmocka_unit_test(test_chat_reply_prefix),
         cmocka_unit_test(test_chat_render_chatml),
         cmocka_unit_test(test_chat_render_qwen2_5),
         cmocka_unit_test(test_chat_render_llama3_1),

@@ -317,13 +317,36 @@ static void test_tokenizer_decode_replaces_invalid_utf8(void **state) {
     buf_reset(&out);
     tokenizer_decode(t, d, 4, true, &out);
     assert_string_equal(out.data, "abc");
-    // A continuation stream keeps the leading space.
-    buf_reset(&out);
-    struct tokenizer_stream s;
-    tokenizer_stream_init_continuation(&s, true);
-    tokenizer_stream_feed(t, &s, SYN_SPACE_ABC, &out);
-    tokenizer_stream_flush(t, &s, &out);
-    assert_string_equal(out.data, " abc");
+    // A stream after a prompt: decode(prompt + ids) less decode(prompt). A
+    // prompt with text used the dummy prefix, so " abc" keeps its space; a
+    // prompt of BOS only (or none) did not, so the space goes, as in decode.
+    struct {
+        int32_t prompt[2];
+        int32_t n_prompt;
+        const char *want;
+    } after[] = {
+        {{1, SYN_SPACE_ABC}, 2, " abc"},
+        {{SYN_SPACE_ABC, 0}, 1, " abc"},
+        {{1, 0}, 1, "abc"},
+        {{0, 0}, 0, "abc"},
+        {{1, 99999}, 2, "abc"},  // out of range: no text
+    };
+    for (size_t k = 0; k < sizeof(after) / sizeof(after[0]); k++) {
+        buf_reset(&out);
+        struct tokenizer_stream s;
+        tokenizer_stream_init_after(&s, t, after[k].prompt, after[k].n_prompt, true);
+        tokenizer_stream_feed(t, &s, SYN_SPACE_ABC, &out);
+        tokenizer_stream_flush(t, &s, &out);
+        assert_string_equal(out.data, after[k].want);
+        // The log-probability piece agrees, and only the first loses the space.
+        buf_reset(&out);
+        tokenizer_stream_init_after(&s, t, after[k].prompt, after[k].n_prompt, true);
+        tokenizer_stream_piece(t, &s, SYN_SPACE_ABC, &out);
+        assert_string_equal(out.data, after[k].want);
+        buf_reset(&out);
+        tokenizer_stream_piece(t, &s, SYN_SPACE_ABC, &out);
+        assert_string_equal(out.data, " abc");
+    }
     buf_free(&out);
     tokenizer_free(t);
     mini_free(&g);

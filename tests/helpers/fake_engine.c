@@ -389,10 +389,24 @@ void tokenizer_stream_init(struct tokenizer_stream *s, bool skip_special) {
     s->skip_special = skip_special;
 }
 
+void tokenizer_stream_init_after(struct tokenizer_stream *s, const struct tokenizer *t,
+                                 const int32_t *prompt, int32_t n_prompt, bool skip_special) {
+    (void)t;
+    (void)prompt;
+    (void)n_prompt;
+    tokenizer_stream_init(s, skip_special);
+}
+
 void tokenizer_stream_feed(const struct tokenizer *t, struct tokenizer_stream *s, int32_t id,
                            struct buf *out) {
     s->n_fed++;
     tokenizer_token_to_piece(t, id, !s->skip_special, out);
+}
+
+void tokenizer_stream_piece(const struct tokenizer *t, struct tokenizer_stream *s, int32_t id,
+                            struct buf *out) {
+    (void)s;
+    tokenizer_token_to_piece(t, id, true, out);
 }
 
 void tokenizer_stream_flush(const struct tokenizer *t, struct tokenizer_stream *s, struct buf *out) {

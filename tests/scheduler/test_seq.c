@@ -159,6 +159,51 @@ static void test_seq_bad_stop_strings_are_rejected(void **state) {
     assert_null(s);
 }
 
+/* The chat template's bytes before a reply are dropped from the text's start
+ * when the reply begins with them, and only then (hand-derived from the fake
+ * pieces "t2 " "t3 " "t4 "). */
+static void test_seq_reply_prefix(void **state) {
+    (void)state;
+    struct {
+        const char *prefix;
+        const char *stop;
+        int32_t max_tokens;
+        const char *want;
+    } cases[] = {
+        {"t2", NULL, 2, " t3 "},          // within the first token
+        {"t2 t", NULL, 3, "3 t4 "},       // across two tokens
+        {"t5", NULL, 2, "t2 t3 "},        // "t" matched, then not: all of it is text
+        {"t2 t3 t4 t5", NULL, 2, "t2 t3 "},  // a finish before it is whole releases it
+        {"t2", "t3", 3, " "},             // stop strings see the text without it
+        {"", NULL, 2, "t2 t3 "},          // empty: nothing dropped
+    };
+    int32_t toks[] = {2, 3, 4};
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        struct seq_params p = params(cases[k].max_tokens);
+        p.reply_prefix = cases[k].prefix;
+        const char *stops[1] = {cases[k].stop};
+        if (cases[k].stop) {
+            p.stop = stops;
+            p.n_stop = 1;
+        }
+        struct seq *s = make(&p);
+        struct buf text = {0};
+        feed(s, toks, cases[k].max_tokens, &text);
+        assert_true(seq_is_finished(s));
+        assert_string_equal(text.data ? text.data : "", cases[k].want);
+        buf_free(&text);
+        seq_destroy(s);
+    }
+    // Longer than SEQ_MAX_REPLY_PREFIX: a client error, not a cut.
+    struct seq_params p = params(2);
+    p.reply_prefix = "0123456789abcdef";
+    int32_t prompt[1] = {5};
+    struct seq *s = NULL;
+    assert_int_equal(seq_create(1, engine_model_tokenizer(model), 64, prompt, 1, &p, 4, &s),
+                     ERR_INVAL);
+    assert_null(s);
+}
+
 static void test_seq_queue_fifo_and_remove(void **state) {
     (void)state;
     struct seq_params p = params(2);
@@ -183,6 +228,7 @@ static void test_seq_queue_fifo_and_remove(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_seq_eos_stops_without_text),
+        cmocka_unit_test(test_seq_reply_prefix),
         cmocka_unit_test(test_seq_ignore_eos_and_max_tokens),
         cmocka_unit_test(test_seq_min_tokens_delays_eos_and_stop_ids),
         cmocka_unit_test(test_seq_stop_string_across_tokens),
