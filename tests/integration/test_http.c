@@ -119,7 +119,7 @@ static void test_simple_routes(void **state) {
     assert_int_equal(httptest_request(srv.port, "GET", "/v1/models", NULL, NULL, &r), 200);
     assert_non_null(strstr(r.body, "\"object\":\"list\""));
     char *id = httptest_json_str(r.body, "id");
-    assert_string_equal(id, "synthetic-llama");
+    assert_string_equal(id, "llama-f32");
     free(id);
     assert_int_equal(httptest_json_int(r.body, "max_model_len", 0), N_CTX);
     httptest_resp_free(&r);
@@ -151,7 +151,7 @@ static void test_simple_routes(void **state) {
 
 static void test_completions_plain_and_stream(void **state) {
     (void)state;
-    const char *req = "{\"model\":\"synthetic-llama\",\"prompt\":\"Once upon\",\"max_tokens\":12,"
+    const char *req = "{\"model\":\"llama-f32\",\"prompt\":\"Once upon\",\"max_tokens\":12,"
                       "\"temperature\":0,\"ignore_eos\":true%s}";
     char body[512];
     snprintf(body, sizeof(body), req, "");
@@ -188,7 +188,7 @@ static void test_completions_plain_and_stream(void **state) {
 
 static void test_chat_plain_and_stream(void **state) {
     (void)state;
-    const char *req = "{\"model\":\"synthetic-llama\",\"messages\":[{\"role\":\"system\",\"content\":"
+    const char *req = "{\"model\":\"llama-f32\",\"messages\":[{\"role\":\"system\",\"content\":"
                       "\"Be brief.\"},{\"role\":\"user\",\"content\":\"Hi there\"}],"
                       "\"max_tokens\":10,\"temperature\":0,\"ignore_eos\":true%s}";
     char body[512];

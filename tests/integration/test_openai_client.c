@@ -28,7 +28,7 @@ static void test_openai_npm_client(void **state) {
     httptest_start(&s, httptest_model("llama-f32"), "--api-key test-key");
     snprintf(cmd, sizeof(cmd),
              "OPENAI_MODULE_DIR=%s node %s/tests/integration/openai_client.mjs "
-             "http://127.0.0.1:%d/v1 synthetic-llama",
+             "http://127.0.0.1:%d/v1 llama-f32",
              dir, testutil_source_dir(), s.port);
     int st = testutil_system(cmd);
     assert_int_equal(httptest_stop(&s, SIGTERM), 0);
