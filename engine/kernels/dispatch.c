@@ -79,10 +79,20 @@ static bool amx_usable(void) {
 #endif
 }
 
+/* F16C (CPUID leaf 1, ECX bit 29). Read from CPUID because clang before 15
+ * does not know "f16c" in __builtin_cpu_supports (the fuzz build is clang). */
+static bool has_f16c(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1);
+#else
+    return false;
+#endif
+}
+
 enum kern_isa kern_isa_detect(void) {
     __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") ||
-        !__builtin_cpu_supports("f16c")) {
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !has_f16c()) {
         return KERN_ISA_PORTABLE;
     }
     if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
@@ -198,7 +208,7 @@ const struct kern_dispatch *kern_dispatch_init(bool force_portable) {
     };
     __builtin_cpu_init();
     if (!force_portable && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c")) {
+        has_f16c()) {
         t.isa = __builtin_cpu_supports("avx512f") ? "avx2 (cpu has avx512)" : "avx2";
         t.f16_to_f32 = kern_avx2_f16_to_f32;
         t.bf16_to_f32 = kern_avx2_bf16_to_f32;
