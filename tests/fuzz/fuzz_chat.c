@@ -17,7 +17,7 @@
 
 #include "engine/base/buf.h"
 #include "engine/base/err.h"
-#include "engine/chat.h"
+#include "engine/text/chat.h"
 #include "tests/fuzz/fuzz_util.h"
 
 #define MAX_MESSAGES 64

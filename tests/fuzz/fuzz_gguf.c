@@ -11,9 +11,9 @@
 #include <string.h>
 
 #include "engine/base/err.h"
-#include "engine/chat.h"
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "engine/text/chat.h"
+#include "engine/format/gguf.h"
+#include "engine/text/tokenizer.h"
 #include "tests/fuzz/fuzz_util.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {

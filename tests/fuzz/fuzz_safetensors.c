@@ -7,7 +7,7 @@
  */
 #include <stdlib.h>
 
-#include "engine/safetensors.h"
+#include "engine/format/safetensors.h"
 #include "tests/fuzz/fuzz_util.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {

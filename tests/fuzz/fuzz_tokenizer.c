@@ -19,8 +19,8 @@
 
 #include "engine/base/buf.h"
 #include "engine/base/err.h"
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "engine/format/gguf.h"
+#include "engine/text/tokenizer.h"
 #include "tests/fuzz/fuzz_util.h"
 
 #define MAX_VOCABS 16
