@@ -1,7 +1,7 @@
 /*
  * tests/fuzz/fuzz_tokenizer.c - libFuzzer target: the tokenizers of every
- * shared vocabulary (../shared/models/vocab/ggml-vocab-*.gguf: SPM and
- * byte-level BPE with their pre-tokenizers), encoding arbitrary bytes and
+ * shared vocabulary (../shared/models/vocab/*.gguf: SPM and byte-level BPE
+ * with their pre-tokenizers), encoding arbitrary bytes and
  * decoding arbitrary ids, in one shot and streamed.
  * Input: byte 0 picks the vocabulary (mod the number found), byte 1 the mode:
  *   bit 0 add_special, bit 1 parse_special, bit 2 decode instead of encode,
@@ -23,7 +23,7 @@
 #include "engine/text/tokenizer.h"
 #include "tests/fuzz/fuzz_util.h"
 
-#define MAX_VOCABS 16
+#define MAX_VOCABS 64
 
 static struct gguf_file *files[MAX_VOCABS];
 static struct tokenizer *toks[MAX_VOCABS];
@@ -41,8 +41,9 @@ static void free_vocabs(void) {
     n_toks = 0;
 }
 
-/* Loads every ggml-vocab-*.gguf of the shared vocab directory, in name
- * order, so byte 0 means the same vocabulary on every machine. */
+/* Loads every *.gguf of the shared vocab directory, in name order, so
+ * byte 0 means the same vocabulary on every machine. A file that does not
+ * load is a finding (the unit tests load them all): the target aborts. */
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
@@ -53,12 +54,14 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     char *names[MAX_VOCABS];
     int n = 0;
     struct dirent *e;
-    while (d && (e = readdir(d)) && n < MAX_VOCABS) {
+    while (d && (e = readdir(d))) {
         size_t len = strlen(e->d_name);
-        if (strncmp(e->d_name, "ggml-vocab-", 11) == 0 && len > 5 &&
-            strcmp(e->d_name + len - 5, ".gguf") == 0) {
-            names[n++] = strdup(e->d_name);
+        if (len <= 5 || strcmp(e->d_name + len - 5, ".gguf") != 0) continue;
+        if (n == MAX_VOCABS) {
+            fprintf(stderr, "fuzz_tokenizer: more than %d vocabularies in %s\n", MAX_VOCABS, dir);
+            abort();
         }
+        names[n++] = strdup(e->d_name);
     }
     if (d) closedir(d);
     qsort(names, (size_t)n, sizeof(names[0]), by_name);
@@ -69,14 +72,15 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
             tokenizer_load(files[n_toks], &toks[n_toks]) == 0) {
             n_toks++;
         } else {
-            gguf_close(files[n_toks]);
-            files[n_toks] = NULL;
             fprintf(stderr, "fuzz_tokenizer: %s does not load\n", path);
+            abort();
         }
         free(names[i]);
     }
     if (n_toks == 0) {
         fprintf(stderr, "fuzz_tokenizer: no vocabulary in %s: every input is skipped\n", dir);
+    } else {
+        fprintf(stderr, "fuzz_tokenizer: %d vocabularies from %s\n", n_toks, dir);
     }
     atexit(free_vocabs);
     return 0;
