@@ -134,9 +134,7 @@ int cli_parse(struct config *c, int argc, char **argv, char *msg, size_t msg_siz
     return 0;
 }
 
-void cli_print_help(FILE *fp) {
-    struct config d;
-    config_init_defaults(&d);
+void cli_print_help(FILE *fp, const struct config *defaults) {
     fprintf(fp,
             "usage: llmserve serve -m FILE [options]\n"
             "\n"
@@ -156,7 +154,7 @@ void cli_print_help(FILE *fp) {
             snprintf(flag, sizeof(flag), "    --%s %s", s->flag, s->arg);
         }
         char def[128];
-        setting_format(&d, s, def, sizeof(def));
+        setting_format(defaults, s, def, sizeof(def));
         fprintf(fp, "  %-28s %s\n  %-28s [%s] default: %s\n", flag, s->help, "", s->key, def);
     }
     fprintf(fp,
@@ -165,5 +163,4 @@ void cli_print_help(FILE *fp) {
             "--api-key-file add up; clients send them as 'Authorization: Bearer KEY'.\n"
             "A request selects an adapter with \"model\": \"NAME\"; the base model's name or\n"
             "no \"model\" means no adapter.\n");
-    config_deinit(&d);
 }

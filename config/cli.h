@@ -24,7 +24,8 @@ int cli_find_config(int argc, char **argv, const char **out_path, char *msg, siz
  * (unknown flag, missing value, bad value, stray argument). */
 int cli_parse(struct config *c, int argc, char **argv, char *msg, size_t msg_size);
 
-/* Writes the help text, with each setting's default. */
-void cli_print_help(FILE *fp);
+/* Writes the help text, with each setting's value in defaults (the caller
+ * fills them: cli.c calls nothing of config.c, config.c drives cli.c). */
+void cli_print_help(FILE *fp, const struct config *defaults);
 
 #endif

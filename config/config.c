@@ -161,7 +161,10 @@ int config_validate(const struct config *c, char *msg, size_t msg_size) {
 }
 
 void config_print_help(FILE *fp) {
-    cli_print_help(fp);
+    struct config d;
+    config_init_defaults(&d);
+    cli_print_help(fp, &d);
+    config_deinit(&d);
 }
 
 void config_log(const struct config *c) {

@@ -1,6 +1,7 @@
 /*
  * engine.c - the thin facade of engine.h: context creation (scratch, KV pool,
- * worker pool) and engine_forward's checks around forward_run().
+ * worker pool), engine_forward's checks around forward_run(), and the ctx's
+ * adapter slots (declared in engine/model/lora.h).
  */
 #define LOG_TAG "engine"
 #include "engine/engine.h"
@@ -29,26 +30,6 @@ struct engine_ctx_params engine_ctx_default_params(void) {
         .n_blocks = 1024,
         .kv_type = ENGINE_KV_TYPE_F32,
     };
-}
-
-static const char *const kv_type_names[ENGINE_KV_TYPE_COUNT] = {
-    [ENGINE_KV_TYPE_F32] = "f32",
-    [ENGINE_KV_TYPE_F16] = "f16",
-    [ENGINE_KV_TYPE_Q8_0] = "q8_0",
-};
-
-const char *engine_kv_type_name(enum engine_kv_type t) {
-    return t >= 0 && t < ENGINE_KV_TYPE_COUNT ? kv_type_names[t] : "?";
-}
-
-int engine_kv_type_parse(const char *name, enum engine_kv_type *out) {
-    for (int i = 0; i < ENGINE_KV_TYPE_COUNT; i++) {
-        if (name && strcmp(name, kv_type_names[i]) == 0) {
-            *out = (enum engine_kv_type)i;
-            return 0;
-        }
-    }
-    return ERR_INVAL;
 }
 
 size_t engine_kv_block_bytes(const struct engine_model *m, int32_t block_size,
@@ -229,3 +210,34 @@ int engine_forward(struct engine_ctx *ctx, const struct engine_batch *b,
 const struct engine_model *engine_ctx_model(const struct engine_ctx *ctx) { return ctx->model; }
 int32_t engine_ctx_block_size(const struct engine_ctx *ctx) { return ctx->params.block_size; }
 int32_t engine_ctx_n_blocks(const struct engine_ctx *ctx) { return ctx->params.n_blocks; }
+
+/* ---- adapter slots (engine/model/lora.h): the ctx owns them ---- */
+
+int engine_ctx_set_adapter(struct engine_ctx *ctx, int32_t slot, struct engine_adapter *a) {
+    if (slot < 0 || slot >= ctx->params.max_adapters) {
+        LOG_ERROR("%s: slot %d out of range (the ctx has %d)", __func__, slot,
+                  ctx->params.max_adapters);
+        return ERR_INVAL;
+    }
+    if (a && a->model != ctx->model) {
+        LOG_ERROR("%s: adapter %s was loaded for another model", __func__, a->path);
+        return ERR_INVAL;
+    }
+    if (a) {
+        int err = adapter_batch_reserve(&ctx->ab, ctx->params.max_batch_tokens,
+                                        adapter_tmp_floats(a));
+        if (err) {
+            LOG_ERROR("%s: no memory for the rank vectors of %s", __func__, a->path);
+            return err;
+        }
+        engine_adapter_retain(a);
+    }
+    engine_adapter_release(ctx->adapters[slot]);
+    ctx->adapters[slot] = a;
+    return 0;
+}
+
+const struct engine_adapter *engine_ctx_adapter(const struct engine_ctx *ctx, int32_t slot) {
+    ASSERT(slot >= 0 && slot < ctx->params.max_adapters);
+    return ctx->adapters[slot];
+}

@@ -22,9 +22,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-// The engine's other public parts: adapters (LoRA, bottleneck), the model's tokenizer, the per-sequence
-// sampler and the stop-string matcher. engine.h is the umbrella header the
-// scheduler and the server include.
+// The engine's other public parts: the KV storage types, adapters (LoRA,
+// bottleneck), the model's tokenizer, the per-sequence sampler and the
+// stop-string matcher. engine.h is the umbrella header the scheduler and the
+// server include; each of these includes nothing of the engine but engine/base/.
+#include "engine/format/kv_type.h"
 #include "engine/model/lora.h"
 #include "engine/text/sampler.h"
 #include "engine/text/stop.h"
@@ -91,25 +93,8 @@ const char *engine_model_chat_template(const struct engine_model *m);
 
 /* ---- context and KV storage -------------------------------------------- */
 
-/* How K and V are stored in the KV pool; engine/kv.h has the exact layouts.
- * Per token, layer and kv head (K and V together, hd = head_dim):
- *   F32:  8 * hd bytes
- *   F16:  4 * hd bytes (IEEE half)
- *   Q8_0: 2 * (hd + 4 * ceil(hd / 32)) bytes: int8 values with one f32 scale
- *         per 32 values along head_dim (GGUF Q8_0 style), e.g. 272 for hd 128 */
-enum engine_kv_type {
-    ENGINE_KV_TYPE_F32,
-    ENGINE_KV_TYPE_F16,
-    ENGINE_KV_TYPE_Q8_0,
-    ENGINE_KV_TYPE_COUNT,
-};
-
-/* "f32", "f16" or "q8_0". [any thread] */
-const char *engine_kv_type_name(enum engine_kv_type t);
-
-/* Parses one of those names into *out. Returns 0, or ERR_INVAL for anything
- * else (not logged: the caller names the flag). [any thread] */
-int engine_kv_type_parse(const char *name, enum engine_kv_type *out);
+/* How K and V are stored in the KV pool (enum engine_kv_type, its names and
+ * their parser): engine/format/kv_type.h, included above. */
 
 #define ENGINE_MAX_ADAPTERS 1024  // most adapter slots of one ctx
 

@@ -11,8 +11,8 @@
  * the req dies there.
  *
  * Suspend / resume (MACHINE.md): suspension happens only in the access
- * handler or the content reader (http_park), resume from any thread
- * (http_wake) under the slot's lock, so a wake between "channel empty" and
+ * handler or the content reader (slot_park), resume from any thread
+ * (slot_wake) under the slot's lock, so a wake between "channel empty" and
  * "suspend" is never lost: it sets wake_pending and the park does not sleep.
  * MHD_ALLOW_SUSPEND_RESUME sets MHD_USE_ITC, so the polling thread sees a
  * resume at once. A suspended connection has no MHD timeout and does not see
@@ -49,34 +49,19 @@
 #include "server/auth.h"
 #include "server/req.h"
 #include "server/routes.h"
+#include "server/slot.h"
 #include "server/sse.h"
-
-/* A wake target. The slot array lives as long as the server; req is NULL
- * when the slot is free. lock guards req, suspended and wake_pending. */
-struct http_slot {
-    pthread_mutex_t lock;
-    struct req *req;
-    struct MHD_Connection *conn;
-    bool suspended;
-    bool wake_pending;
-    int32_t next_free;   // free list link, under the server's slots_lock
-};
+#include "server/status.h"
 
 struct http_server {
     struct MHD_Daemon *daemon;
     const struct routes_ctx *app;      // borrowed
     struct http_params p;
-    struct http_slot *slots;           // owned [n_slots]
+    struct slot *slots;           // owned [n_slots]
     int32_t n_slots;
     pthread_mutex_t slots_lock;        // guards the free list
     int32_t first_free;                // -1: none
-    atomic_int n_active;
-    atomic_bool draining;
-    atomic_llong n_requests;
-    atomic_llong n_errors;
-    atomic_llong n_full;
-    atomic_llong n_disconnects;
-    atomic_int n_streams;
+    struct metrics_live live;          // counters and the drain flag; routes.c reads them
     pthread_t ticker;
     bool has_ticker;
     pthread_mutex_t tick_lock;
@@ -95,34 +80,11 @@ struct http_params http_default_params(void) {
     };
 }
 
-int http_status_for_err(int err) {
-    switch (err) {
-    case 0: return 200;
-    case ERR_INVAL: return 400;
-    case ERR_TOOLONG: return 400;
-    case ERR_NOTFOUND: return 404;
-    case ERR_FULL: return 429;
-    case ERR_SHUTDOWN: return 503;
-    default: return 500;
-    }
-}
-
-const char *http_error_type(int status) {
-    switch (status) {
-    case 401: return "authentication_error";
-    case 403: return "permission_error";
-    case 429: return "rate_limit_error";
-    case 503: return "service_unavailable";
-    case 504: return "timeout";
-    default: return status >= 500 ? "server_error" : "invalid_request_error";
-    }
-}
-
 /* ---- slots, park and wake ---------------------------------------------------- */
 
-static struct http_slot *slot_take(struct http_server *h) {
+static struct slot *slot_take(struct http_server *h) {
     pthread_mutex_lock(&h->slots_lock);
-    struct http_slot *s = NULL;
+    struct slot *s = NULL;
     if (h->first_free >= 0) {
         s = &h->slots[h->first_free];
         h->first_free = s->next_free;
@@ -131,7 +93,7 @@ static struct http_slot *slot_take(struct http_server *h) {
     return s;
 }
 
-static void slot_put(struct http_server *h, struct http_slot *s) {
+static void slot_put(struct http_server *h, struct slot *s) {
     pthread_mutex_lock(&s->lock);
     s->req = NULL;
     s->conn = NULL;
@@ -142,34 +104,6 @@ static void slot_put(struct http_server *h, struct http_slot *s) {
     s->next_free = h->first_free;
     h->first_free = (int32_t)(s - h->slots);
     pthread_mutex_unlock(&h->slots_lock);
-}
-
-void http_wake(void *user) {
-    struct http_slot *s = user;
-    pthread_mutex_lock(&s->lock);
-    if (s->req) {
-        if (s->suspended) {
-            s->suspended = false;
-            MHD_resume_connection(s->conn);
-        } else {
-            s->wake_pending = true;
-        }
-    }
-    pthread_mutex_unlock(&s->lock);
-}
-
-bool http_park(struct http_slot *s) {
-    pthread_mutex_lock(&s->lock);
-    bool parked = false;
-    if (s->wake_pending) {
-        s->wake_pending = false;
-    } else {
-        s->suspended = true;
-        MHD_suspend_connection(s->conn);
-        parked = true;
-    }
-    pthread_mutex_unlock(&s->lock);
-    return parked;
 }
 
 /* ---- the ticker: deadlines, heartbeats, vanished clients ------------------------- */
@@ -200,7 +134,7 @@ static void *ticker_main(void *arg) {
         pthread_mutex_unlock(&h->tick_lock);
         int64_t now = clock_mono_ns();
         for (int32_t i = 0; i < h->n_slots; i++) {
-            struct http_slot *s = &h->slots[i];
+            struct slot *s = &h->slots[i];
             pthread_mutex_lock(&s->lock);
             struct req *r = s->req;
             if (r && s->suspended) {
@@ -282,8 +216,8 @@ static enum MHD_Result queue_reply(struct http_server *h, struct req *r,
     }
     if (rep->status == 401) MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
     r->status = rep->status;
-    if (rep->status >= 400) atomic_fetch_add(&h->n_errors, 1);
-    if (rep->status == 429) atomic_fetch_add(&h->n_full, 1);
+    if (rep->status >= 400) atomic_fetch_add(&h->live.n_errors, 1);
+    if (rep->status == 429) atomic_fetch_add(&h->live.n_full, 1);
     enum MHD_Result ret = MHD_queue_response(r->conn, (unsigned)rep->status, resp);
     MHD_destroy_response(resp);
     return ret;
@@ -310,7 +244,7 @@ static enum MHD_Result queue_stream(struct http_server *h, struct req *r) {
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     r->status = 200;
     r->t_last_write_ns = clock_mono_ns();
-    atomic_fetch_add(&h->n_streams, 1);
+    atomic_fetch_add(&h->live.n_streams, 1);
     enum MHD_Result ret = MHD_queue_response(r->conn, MHD_HTTP_OK, resp);
     MHD_destroy_response(resp);
     return ret;
@@ -324,7 +258,7 @@ static enum MHD_Result wait_or_reply(struct http_server *h, struct req *r) {
     for (;;) {
         req_poll(r);
         if (req_is_finished(r)) break;
-        if (http_park(r->slot)) return MHD_YES;
+        if (slot_park(r->slot)) return MHD_YES;
     }
     struct route_reply rep = {0};
     routes_final_reply(h->app, r, &rep);
@@ -355,7 +289,7 @@ static enum MHD_Result dispatch(struct http_server *h, struct req *r) {
                                "invalid_api_key");
         }
     }
-    if (atomic_load(&h->draining) && strcmp(r->route->path, "/health") != 0) {
+    if (atomic_load(&h->live.draining) && strcmp(r->route->path, "/health") != 0) {
         return queue_error(h, r, 503, "The server is shutting down", NULL);
     }
     r->handled = true;
@@ -382,7 +316,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
     struct req *r = *con_cls;
     if (!r) {
         // First call: headers only.
-        struct http_slot *s = slot_take(h);
+        struct slot *s = slot_take(h);
         if (!s) return MHD_NO;  // cannot happen: slots == connection limit
         r = req_create(s, conn);
         pthread_mutex_lock(&s->lock);
@@ -390,7 +324,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         s->conn = conn;
         pthread_mutex_unlock(&s->lock);
         *con_cls = r;
-        atomic_fetch_add(&h->n_active, 1);
+        atomic_fetch_add(&h->live.n_active, 1);
         bool known = false;
         r->route = routes_find(method, url, &known);
         r->method_ok = known;
@@ -419,11 +353,11 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     struct req *r = *con_cls;
     if (!r) return;
     *con_cls = NULL;
-    atomic_fetch_add(&h->n_requests, 1);
-    if (r->is_stream) atomic_fetch_sub(&h->n_streams, 1);
+    atomic_fetch_add(&h->live.n_requests, 1);
+    if (r->is_stream) atomic_fetch_sub(&h->live.n_streams, 1);
     bool gone = toe != MHD_REQUEST_TERMINATED_COMPLETED_OK;
     if (r->n_choices && (atomic_load(&r->client_gone) || (gone && !req_is_finished(r)))) {
-        atomic_fetch_add(&h->n_disconnects, 1);
+        atomic_fetch_add(&h->live.n_disconnects, 1);
     }
     if (r->n_choices) {
         int64_t ms = (clock_mono_ns() - r->t_start_ns) / 1000000;
@@ -431,14 +365,14 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                  r->route ? r->route->path : "?", r->status, (int)r->n_prompt_total,
                  (int)req_n_generated(r), (long long)ms, gone ? " client_gone=1" : "");
     }
-    struct http_slot *s = r->slot;
+    struct slot *s = r->slot;
     // Empty the slot before the req goes, so a wake in flight finds nothing.
     pthread_mutex_lock(&s->lock);
     s->req = NULL;
     pthread_mutex_unlock(&s->lock);
     req_destroy(r);  // the single release point (STYLE 2.7.12)
     slot_put(h, s);
-    atomic_fetch_sub(&h->n_active, 1);
+    atomic_fetch_sub(&h->live.n_active, 1);
 }
 
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
@@ -499,34 +433,21 @@ int http_start(const struct http_params *p, const struct routes_ctx *app,
         return ERR_NOMEM;
     }
     h->has_ticker = true;
-    ((struct routes_ctx *)app)->http = h;
+    ((struct routes_ctx *)app)->live = &h->live;
     *out = h;
     return 0;
 }
 
 void http_drain(struct http_server *h) {
-    atomic_store(&h->draining, true);
-}
-
-bool http_is_draining(const struct http_server *h) {
-    return h && atomic_load(&((struct http_server *)h)->draining);
+    atomic_store(&h->live.draining, true);
 }
 
 int32_t http_n_active(struct http_server *h) {
-    return atomic_load(&h->n_active);
-}
-
-void http_get_counters(struct http_server *h, struct metrics_server *out) {
-    out->n_http_requests = atomic_load(&h->n_requests);
-    out->n_http_errors = atomic_load(&h->n_errors);
-    out->n_rejected_full = atomic_load(&h->n_full);
-    out->n_disconnects = atomic_load(&h->n_disconnects);
-    out->n_open_streams = atomic_load(&h->n_streams);
-    out->n_http_active = atomic_load(&h->n_active);
+    return atomic_load(&h->live.n_active);
 }
 
 void http_note_disconnect(struct http_server *h) {
-    atomic_fetch_add(&h->n_disconnects, 1);
+    atomic_fetch_add(&h->live.n_disconnects, 1);
 }
 
 void http_stop(struct http_server *h) {
@@ -541,7 +462,7 @@ void http_stop(struct http_server *h) {
     if (h->daemon) {
         // MHD requires every suspended connection resumed before it stops.
         for (int32_t i = 0; i < h->n_slots; i++) {
-            struct http_slot *s = &h->slots[i];
+            struct slot *s = &h->slots[i];
             pthread_mutex_lock(&s->lock);
             if (s->req) {
                 req_cancel(s->req);

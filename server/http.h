@@ -3,14 +3,14 @@
  * internal polling thread on epoll, request bodies and their limit, API key
  * checks, dispatch through the route table, suspend / resume of connections
  * that wait for tokens, request timeouts and stream heartbeats, draining at
- * shutdown, and the one ERR_* -> HTTP status table.
+ * shutdown. The ERR_* -> HTTP status table is server/status.h.
  *
  * Owns the daemon, the slot table and the ticker thread. Each request has a
- * struct http_slot, the wake target its channels call from the step thread:
+ * struct slot (server/slot.h), the wake target its channels call from the step thread:
  * slots live as long as the server, so a late wake-up for a request that has
  * already gone finds an empty slot and does nothing.
- * Threads: http_start/drain/stop [main thread]; http_wake [any thread];
- * http_park [HTTP thread]. The ticker is a POSIX thread: libuv, the house
+ * Threads: http_start/drain/stop [main thread]; slot_wake [any thread];
+ * slot_park [HTTP thread]. The ticker is a POSIX thread: libuv, the house
  * threading API, lives only in scheduler/ and engine/ (STYLE 2.10).
  */
 #ifndef SERVER_HTTP_H
@@ -21,7 +21,6 @@
 
 #include "server/metrics.h"
 
-struct http_slot;
 struct http_server;
 struct routes_ctx;
 
@@ -43,7 +42,6 @@ int http_start(const struct http_params *p, const struct routes_ctx *app,
 
 /* Stops accepting connections; requests on open connections get 503. */
 void http_drain(struct http_server *h);
-bool http_is_draining(const struct http_server *h);
 
 /* Requests in progress (for the shutdown wait). [any thread] */
 int32_t http_n_active(struct http_server *h);
@@ -51,27 +49,6 @@ int32_t http_n_active(struct http_server *h);
 /* Resumes every suspended connection, stops the daemon and the ticker, frees
  * everything. NULL-safe. */
 void http_stop(struct http_server *h);
-
-/* The channel wake callback: slot is a struct http_slot *. Resumes the
- * connection if it is suspended, else remembers the wake so the next
- * http_park() does not sleep. [any thread] */
-void http_wake(void *slot);
-
-/* Suspends the slot's connection unless a wake arrived since the last park.
- * Returns true when suspended (the caller returns to MHD and is called again
- * after the resume), false when it should look at its channels again.
- * [HTTP thread, access handler or content reader only] */
-bool http_park(struct http_slot *slot);
-
-/* ERR_INVAL, ERR_TOOLONG -> 400, ERR_NOTFOUND -> 404, ERR_FULL -> 429,
- * ERR_SHUTDOWN -> 503, ERR_CANCELED -> 499 is not HTTP: 500; others 500. */
-int http_status_for_err(int err);
-
-/* OpenAI's error "type" for a status. */
-const char *http_error_type(int status);
-
-/* Counters for /metrics. [any thread] */
-void http_get_counters(struct http_server *h, struct metrics_server *out);
 
 /* Stream bookkeeping used by the streaming reader. [HTTP thread] */
 void http_note_disconnect(struct http_server *h);

@@ -7,7 +7,7 @@
  * The handler calls lora_loader_submit(): the name is checked and reserved
  * in the registry at once (a taken name is answered on the spot), and a job
  * is queued. Its connection is suspended; when the job is done the loader
- * calls the job's wake callback (http_wake), the connection resumes, and the
+ * calls the job's wake callback (slot_wake), the connection resumes, and the
  * handler's request reads the result. Jobs run one at a time, in order.
  *
  * A job is shared by exactly two references (STYLE 2.7.9): the loader's and

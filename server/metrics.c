@@ -87,3 +87,12 @@ void metrics_format(struct buf *out, const struct scheduler_stats *st, const dou
     histogram(out, "llmserve_request_latency_seconds", "Submit to finish.", &st->latency,
               bucket_ms);
 }
+
+void metrics_live_read(struct metrics_live *l, struct metrics_server *out) {
+    out->n_http_requests = atomic_load(&l->n_requests);
+    out->n_http_errors = atomic_load(&l->n_errors);
+    out->n_rejected_full = atomic_load(&l->n_full);
+    out->n_disconnects = atomic_load(&l->n_disconnects);
+    out->n_open_streams = atomic_load(&l->n_streams);
+    out->n_http_active = atomic_load(&l->n_active);
+}

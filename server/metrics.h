@@ -2,11 +2,13 @@
  * server/metrics.h - the Prometheus text exposition (format 0.0.4) of
  * /metrics, from a scheduler stats snapshot and the server's own counters.
  *
- * Pure formatting: owns nothing, keeps no state. [any thread]
+ * Pure formatting: owns nothing, keeps no state (struct metrics_live is the
+ * HTTP server's; it is declared here so writer and reader share it). [any thread]
  */
 #ifndef SERVER_METRICS_H
 #define SERVER_METRICS_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "engine/base/buf.h"
@@ -24,6 +26,22 @@ struct metrics_server {
     int32_t n_lora_loads_queued;   // runtime adapter loads waiting for the loader thread
     int32_t n_lora_loads_running;  // runtime adapter loads in progress (0 or 1)
 };
+
+/* The HTTP side's live counters and drain flag: one per HTTP server, owned
+ * and updated by http.c, read by /health and /metrics (routes.c) through
+ * routes_ctx, so the handlers need nothing of http.h. [any thread] */
+struct metrics_live {
+    atomic_bool draining;       // no new requests: /health answers 503
+    atomic_llong n_requests;
+    atomic_llong n_errors;
+    atomic_llong n_full;
+    atomic_llong n_disconnects;
+    atomic_int n_streams;
+    atomic_int n_active;
+};
+
+/* Copies the live counters into the fields of out they name. [any thread] */
+void metrics_live_read(struct metrics_live *l, struct metrics_server *out);
 
 /* Appends every metric to out: llmserve_requests_running / _waiting, KV blocks
  * used / free / cached / total, prefix-cache hit tokens, preemptions, prompt

@@ -14,7 +14,7 @@
 #include "engine/base/log.h"
 #include "server/lora_loader.h"
 
-struct req *req_create(struct http_slot *slot, struct MHD_Connection *conn) {
+struct req *req_create(struct slot *slot, struct MHD_Connection *conn) {
     struct req *r = xcalloc(1, sizeof(*r));
     r->slot = slot;
     r->conn = conn;

@@ -12,7 +12,7 @@
  * step), drops the channel references and its reference to the load job
  * (the load goes on without it).
  * Threads: a req belongs to the HTTP thread. The step and loader threads
- * never see it: wake-ups go to its struct http_slot (http.h), which outlives
+ * never see it: wake-ups go to its struct slot (http.h), which outlives
  * it. The ticker thread only sets the atomic flags (req_cancel()).
  */
 #ifndef SERVER_REQ_H
@@ -27,7 +27,7 @@
 #include "server/openai.h"
 
 struct route;
-struct http_slot;
+struct slot;
 struct lora_loader_job;
 struct MHD_Connection;
 
@@ -60,7 +60,7 @@ struct req_choice {
 };
 
 struct req {
-    struct http_slot *slot;             // borrowed from the server; outlives the req
+    struct slot *slot;             // borrowed from the server; outlives the req
     struct MHD_Connection *conn;        // borrowed; valid until the completed callback
     const struct route *route;          // NULL: no such path
     bool method_ok;
@@ -95,7 +95,7 @@ struct req {
 };
 
 /* A zeroed request for one HTTP exchange. Never NULL (xcalloc). */
-struct req *req_create(struct http_slot *slot, struct MHD_Connection *conn);
+struct req *req_create(struct slot *slot, struct MHD_Connection *conn);
 
 /* Cancels running sequences, releases the channels, frees everything.
  * NULL-safe. [HTTP thread, completed callback only] */

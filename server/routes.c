@@ -4,6 +4,7 @@
 #define LOG_TAG "routes"
 #include "server/routes.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,11 +15,12 @@
 #include "engine/base/alloc.h"
 #include "engine/base/err.h"
 #include "engine/base/log.h"
-#include "server/http.h"
 #include "server/lora_loader.h"
 #include "server/lora_registry.h"
 #include "server/metrics.h"
 #include "server/req.h"
+#include "server/slot.h"
+#include "server/status.h"
 #include "server/web_files.h"
 
 static const char JSON_TYPE[] = "application/json";
@@ -26,7 +28,7 @@ static const char JSON_TYPE[] = "application/json";
 void routes_error(struct route_reply *out, int status, const char *message, const char *param,
                   const char *code) {
     out->status = status;
-    out->body = openai_error_json(message, http_error_type(status), param, code);
+    out->body = openai_error_json(message, status_error_type(status), param, code);
     out->content_type = JSON_TYPE;
     if (status == 429) out->retry_after_s = 1;
 }
@@ -47,7 +49,7 @@ static enum route_result handle_health(const struct routes_ctx *ctx, struct req 
     // 200 only with the model loaded, the step loop alive (running, not
     // hung) and not shutting down: a load balancer takes the rest out.
     bool ok = ctx->model && ctx->sched && scheduler_is_alive(ctx->sched) &&
-              !http_is_draining(ctx->http);
+              !(ctx->live && atomic_load(&ctx->live->draining));
     json_t *o = json_object();
     json_object_set_new(o, "status", json_string(ok ? "ok" : "unavailable"));
     reply_json(out, ok ? 200 : 503, o);
@@ -60,7 +62,7 @@ static enum route_result handle_metrics(const struct routes_ctx *ctx, struct req
     struct scheduler_stats st;
     scheduler_get_stats(ctx->sched, &st);
     struct metrics_server sv;
-    http_get_counters(ctx->http, &sv);
+    metrics_live_read(ctx->live, &sv);
     sv.n_lora_adapters = ctx->loras ? lora_registry_count(ctx->loras) : 0;
     sv.n_lora_loads_queued = 0;
     sv.n_lora_loads_running = 0;
@@ -152,7 +154,7 @@ static enum route_result handle_tokenize(const struct routes_ctx *ctx, struct re
                                !add || json_is_true(add), true, &ids, &n);
     json_decref(root);
     if (err) {
-        routes_error(out, http_status_for_err(err),
+        routes_error(out, status_for_err(err),
                      err == ERR_INVAL ? "'prompt' is not valid UTF-8" : err_str(err), "prompt",
                      NULL);
         return ROUTE_RESULT_REPLY;
@@ -225,7 +227,7 @@ static enum route_result handle_generate(const struct routes_ctx *ctx, struct re
     }
     if (!err) err = openai_prepare(&r->oa, &om, &e);
     if (err) {
-        routes_error(out, http_status_for_err(e.err ? e.err : err), e.message, e.param, e.code);
+        routes_error(out, status_for_err(e.err ? e.err : err), e.message, e.param, e.code);
         return ROUTE_RESULT_REPLY;
     }
     r->sched = ctx->sched;
@@ -233,9 +235,9 @@ static enum route_result handle_generate(const struct routes_ctx *ctx, struct re
     r->model_name = r->adapter ? r->oa.model : ctx->om.name;
     r->created = (int64_t)time(NULL);
     openai_make_id(route == OPENAI_ROUTE_CHAT ? "chatcmpl-" : "cmpl-", r->id, sizeof(r->id));
-    err = req_submit(r, http_wake, r->slot);
+    err = req_submit(r, slot_wake, r->slot);
     if (err) {
-        int status = http_status_for_err(err);
+        int status = status_for_err(err);
         const char *msg = err == ERR_FULL       ? "The server's queue is full; retry shortly"
                           : err == ERR_TOOLONG  ? "The prompt and max_tokens do not fit the KV cache"
                           : err == ERR_SHUTDOWN ? "The server is shutting down"
@@ -277,7 +279,7 @@ void routes_final_reply(const struct routes_ctx *ctx, struct req *r, struct rout
     for (int32_t i = 0; i < r->n_choices; i++) {
         if (r->choices[i].finish == CHANNEL_FINISH_ERROR) {
             int err = r->choices[i].err;
-            routes_error(out, err == ERR_SHUTDOWN ? 503 : http_status_for_err(err),
+            routes_error(out, err == ERR_SHUTDOWN ? 503 : status_for_err(err),
                          err ? err_str(err) : "generation failed", NULL, NULL);
             return;
         }
@@ -371,7 +373,7 @@ static enum route_result handle_load_lora(const struct routes_ctx *ctx, struct r
         return ROUTE_RESULT_REPLY;
     }
     char msg[512];
-    int err = lora_loader_submit(ctx->lora_loader, name, path, http_wake, r->slot, &r->load, msg,
+    int err = lora_loader_submit(ctx->lora_loader, name, path, slot_wake, r->slot, &r->load, msg,
                                  sizeof(msg));
     json_decref(root);
     switch (err) {
@@ -387,7 +389,7 @@ static enum route_result handle_load_lora(const struct routes_ctx *ctx, struct r
         routes_error(out, 400, msg, "lora_name", NULL);
         break;
     default:  // ERR_FULL (429), ERR_SHUTDOWN (503)
-        routes_error(out, http_status_for_err(err), msg, NULL, NULL);
+        routes_error(out, status_for_err(err), msg, NULL, NULL);
         break;
     }
     return ROUTE_RESULT_REPLY;

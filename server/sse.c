@@ -17,9 +17,9 @@
 #include <string.h>
 
 #include "engine/base/clock.h"
-#include "server/http.h"
 #include "server/openai.h"
 #include "server/req.h"
+#include "server/slot.h"
 
 void sse_frame_data(struct buf *out, const char *json) {
     buf_append(out, "data: ", 6);
@@ -121,7 +121,7 @@ ssize_t sse_read(struct req *r, char *dst, size_t max) {
                 sse_frame_comment(&r->out, "keep-alive");
                 break;
             }
-            if (http_park(r->slot)) return 0;
+            if (slot_park(r->slot)) return 0;
             break;
         case SSE_FINAL:
             if (r->oa.include_usage) {

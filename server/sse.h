@@ -5,7 +5,7 @@
  * SSE_DONE), fed by the request's channels.
  *
  * Owns nothing: it writes into the req's output buffer. When the channels
- * are empty it parks the connection (http_park()) instead of waiting.
+ * are empty it parks the connection (slot_park()) instead of waiting.
  * Threads: [HTTP thread].
  */
 #ifndef SERVER_SSE_H

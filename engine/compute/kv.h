@@ -28,9 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/engine.h"
-
-#define KV_Q8_0_GROUP 32  // values per scale along head_dim (QK8_0)
+#include "engine/format/kv_type.h"
 
 struct kv_store {
     enum engine_kv_type type;

@@ -20,7 +20,7 @@
 
 #include <stdint.h>
 
-#include "engine/engine.h"
+#include "engine/format/kv_type.h"
 #include "engine/kernels/kernels.h"
 
 #define KERN_ATTN_ROWS 4

@@ -13,7 +13,6 @@
 #include <math.h>
 
 #include "engine/kernels/attn.h"
-#include "engine/compute/kv.h"
 
 static inline __m256 load8_f16(const uint16_t *p) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));

@@ -16,7 +16,6 @@
 #include <math.h>
 
 #include "engine/kernels/attn.h"
-#include "engine/compute/kv.h"
 
 #define ROWS KERN_ATTN_ROWS  // query rows sharing one pass over a tile
 

@@ -9,7 +9,6 @@
 
 #include "engine/base/alloc.h"
 #include "engine/kernels/attn.h"
-#include "engine/compute/kv.h"
 #include "engine/format/quant.h"
 
 static int32_t n_groups(int32_t hd) { return (hd + KV_Q8_0_GROUP - 1) / KV_Q8_0_GROUP; }

@@ -34,7 +34,6 @@
 #include "engine/base/err.h"
 #include "engine/base/file.h"
 #include "engine/base/log.h"
-#include "engine/compute/ctx.h"
 #include "engine/format/gguf.h"
 #include "engine/kernels/kernels.h"
 #include "engine/model/model.h"
@@ -995,33 +994,4 @@ void engine_adapter_release(struct engine_adapter *a) {
 
 const struct engine_adapter_info *engine_adapter_get_info(const struct engine_adapter *a) {
     return &a->info;
-}
-
-int engine_ctx_set_adapter(struct engine_ctx *ctx, int32_t slot, struct engine_adapter *a) {
-    if (slot < 0 || slot >= ctx->params.max_adapters) {
-        LOG_ERROR("%s: slot %d out of range (the ctx has %d)", __func__, slot,
-                  ctx->params.max_adapters);
-        return ERR_INVAL;
-    }
-    if (a && a->model != ctx->model) {
-        LOG_ERROR("%s: adapter %s was loaded for another model", __func__, a->path);
-        return ERR_INVAL;
-    }
-    if (a) {
-        int err = adapter_batch_reserve(&ctx->ab, ctx->params.max_batch_tokens,
-                                        adapter_tmp_floats(a));
-        if (err) {
-            LOG_ERROR("%s: no memory for the rank vectors of %s", __func__, a->path);
-            return err;
-        }
-        engine_adapter_retain(a);
-    }
-    engine_adapter_release(ctx->adapters[slot]);
-    ctx->adapters[slot] = a;
-    return 0;
-}
-
-const struct engine_adapter *engine_ctx_adapter(const struct engine_ctx *ctx, int32_t slot) {
-    ASSERT(slot >= 0 && slot < ctx->params.max_adapters);
-    return ctx->adapters[slot];
 }

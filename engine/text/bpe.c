@@ -19,7 +19,7 @@
 #include "engine/base/err.h"
 #include "engine/format/gguf.h"
 #include "engine/text/pretok.h"
-#include "engine/text/tokenizer.h"
+#include "engine/text/vocab.h"
 #define LOG_TAG "bpe"
 #include "engine/base/log.h"
 
@@ -118,7 +118,7 @@ void bpe_free(struct bpe *b) {
     free(b);
 }
 
-int bpe_create(const struct tokenizer *t, const struct gguf_kv *merges, const char *pre,
+int bpe_create(const struct vocab *v, const struct gguf_kv *merges, const char *pre,
                size_t pre_len, struct bpe **out, bool *adds_bos) {
     *out = NULL;
     struct bpe *b = calloc(1, sizeof(*b));
@@ -152,13 +152,13 @@ int bpe_create(const struct tokenizer *t, const struct gguf_kv *merges, const ch
         }
         size_t n_left = (size_t)(sp - m.data);
         size_t n_right = m.len - n_left - 1;
-        int32_t left = tokenizer_find(t, m.data, n_left);
-        int32_t right = tokenizer_find(t, sp + 1, n_right);
+        int32_t left = vocab_find(v, m.data, n_left);
+        int32_t right = vocab_find(v, sp + 1, n_right);
         int32_t merged = -1;
         if (left >= 0 && right >= 0 && n_left + n_right <= sizeof(tmp)) {
             memcpy(tmp, m.data, n_left);
             memcpy(tmp + n_left, sp + 1, n_right);
-            merged = tokenizer_find(t, tmp, n_left + n_right);
+            merged = vocab_find(v, tmp, n_left + n_right);
         }
         if (merged < 0) {
             LOG_ERROR("tokenizer.ggml.merges[%llu] '%.*s' names a token not in the vocabulary",
@@ -237,7 +237,7 @@ static void try_bigram(const struct bpe *b, struct bpe_symbol *sym, struct bpe_b
               (struct bpe_bigram){m->rank, left, right, sym[left].id, sym[right].id, m->merged});
 }
 
-int bpe_encode(const struct tokenizer *t, const struct bpe *b, const char *text, size_t len,
+int bpe_encode(const struct vocab *v, const struct bpe *b, const char *text, size_t len,
                int32_t *out, size_t *n_out) {
     if (len == 0) return 0;
     int rc = 0;
@@ -261,7 +261,7 @@ int bpe_encode(const struct tokenizer *t, const struct bpe *b, const char *text,
         rc = ERR_NOMEM;
         goto done;
     }
-    int32_t unk = tokenizer_unk(t);
+    int32_t unk = v->unk;
 
     for (size_t is = 0; is < n_spans; is++) {
         const unsigned char *p = (const unsigned char *)text + spans[is].start;
@@ -278,14 +278,14 @@ int bpe_encode(const struct tokenizer *t, const struct bpe *b, const char *text,
             n_word += cl;
         }
         if (b->ignore_merges) {
-            int32_t id = tokenizer_find(t, word, n_word);
+            int32_t id = vocab_find(v, word, n_word);
             if (id >= 0) {
                 out[(*n_out)++] = id;
                 continue;
             }
         }
         for (int32_t i = 0; i < n_sym; i++)
-            sym[i].id = tokenizer_find(t, word + sym[i].start, sym[i].len);
+            sym[i].id = vocab_find(v, word + sym[i].start, sym[i].len);
 
         size_t n_heap = 0;
         for (int32_t i = 1; i < n_sym; i++) try_bigram(b, sym, heap, &n_heap, cap_heap, i - 1, i);

@@ -16,18 +16,18 @@
 #include "engine/base/buf.h"
 
 struct gguf_kv;
-struct tokenizer;
+struct vocab;
 struct bpe;
 
 /* Builds the merge table from merges (a STRING array of "left right" entries,
- * rank = index) over t's vocabulary, and the pre-tokenizer named pre
- * (pre_len bytes; NULL for "default"). t must already answer
- * tokenizer_find(); it is not retained. *adds_bos receives the
+ * rank = index) over vocabulary v, and the pre-tokenizer named pre
+ * (pre_len bytes; NULL for "default"). v must already answer
+ * vocab_find(); it is not retained. *adds_bos receives the
  * pre-tokenizer's default for add_bos. On success *out is owned by the
  * caller (bpe_free()). Returns 0, ERR_FORMAT (an entry without a space, or one
  * whose left, right or merged text is not a token; logged with its index),
  * ERR_UNSUPPORTED (unknown pre; logged) or ERR_NOMEM. */
-int bpe_create(const struct tokenizer *t, const struct gguf_kv *merges, const char *pre,
+int bpe_create(const struct vocab *v, const struct gguf_kv *merges, const char *pre,
                size_t pre_len, struct bpe **out, bool *adds_bos);
 
 /* NULL-safe. */
@@ -41,7 +41,7 @@ static inline size_t bpe_max_tokens(size_t len) { return len; }
  * (lowest first, ties leftmost) within each piece. Appends the ids to
  * out[*n_out ...], which must have room for bpe_max_tokens(len) more.
  * Returns 0, ERR_NOMEM or ERR_INVAL (the split regex failed). [any thread] */
-int bpe_encode(const struct tokenizer *t, const struct bpe *b, const char *text, size_t len,
+int bpe_encode(const struct vocab *v, const struct bpe *b, const char *text, size_t len,
                int32_t *out, size_t *n_out);
 
 /* Appends the bytes a byte-level token text stands for (GPT-2's map undone;

@@ -16,7 +16,7 @@
 
 #include "engine/base/alloc.h"
 #include "engine/base/err.h"
-#include "engine/text/tokenizer.h"
+#include "engine/text/vocab.h"
 
 #define SPM_SPACE "\xe2\x96\x81"  // U+2581, SentencePiece's visible space
 #define SPM_SPACE_LEN 3
@@ -68,7 +68,7 @@ static struct spm_bigram heap_pop(struct spm_bigram *h, size_t *n) {
 }
 
 struct spm_work {
-    const struct tokenizer *t;
+    const struct vocab *v;
     const char *text;           // escaped text, borrowed
     struct spm_symbol *sym;     // [n_sym]
     struct spm_bigram *heap;    // [cap_heap]
@@ -81,11 +81,11 @@ static void try_bigram(struct spm_work *w, int32_t left, int32_t right) {
     const struct spm_symbol *l = &w->sym[left];
     const struct spm_symbol *r = &w->sym[right];
     uint32_t len = l->len + r->len;
-    int32_t id = tokenizer_find(w->t, w->text + l->start, len);
+    int32_t id = vocab_find(w->v, w->text + l->start, len);
     if (id < 0) return;
     ASSERT(w->n_heap < w->cap_heap);
     heap_push(w->heap, &w->n_heap,
-              (struct spm_bigram){tokenizer_token_score(w->t, id), left, right, len});
+              (struct spm_bigram){vocab_score(w->v, id), left, right, len});
 }
 
 static size_t utf8_len(unsigned char c) {
@@ -96,7 +96,7 @@ static size_t utf8_len(unsigned char c) {
     return 1;
 }
 
-int spm_encode(const struct tokenizer *t, const char *text, size_t len, bool add_prefix,
+int spm_encode(const struct vocab *v, const char *text, size_t len, bool add_prefix,
                int32_t *out, size_t *n_out) {
     if (len == 0) return 0;
     // Escape: optional prefix, then every ' ' as U+2581. [n_esc] bytes
@@ -137,7 +137,7 @@ int spm_encode(const struct tokenizer *t, const char *text, size_t len, bool add
         off += cl;
     }
 
-    struct spm_work w = {t, esc, sym, heap, 0, cap_heap};
+    struct spm_work w = {v, esc, sym, heap, 0, cap_heap};
     for (int32_t i = 1; i < n_sym; i++) try_bigram(&w, i - 1, i);
 
     // Merge the best pair until no pair forms a piece.
@@ -157,9 +157,9 @@ int spm_encode(const struct tokenizer *t, const char *text, size_t len, bool add
     // Emit pieces; a symbol that is no piece (a single character) becomes bytes.
     int32_t byte_ids[256];
     for (int i = 0; i < 256; i++) byte_ids[i] = -2;  // -2: not looked up yet
-    int32_t unk = tokenizer_unk(t);
+    int32_t unk = v->unk;
     for (int32_t i = 0; i >= 0 && i < n_sym; i = sym[i].next) {
-        int32_t id = tokenizer_find(t, esc + sym[i].start, sym[i].len);
+        int32_t id = vocab_find(v, esc + sym[i].start, sym[i].len);
         if (id >= 0) {
             out[(*n_out)++] = id;
             continue;
@@ -169,7 +169,7 @@ int spm_encode(const struct tokenizer *t, const char *text, size_t len, bool add
             if (byte_ids[c] == -2) {
                 char name[8];
                 snprintf(name, sizeof(name), "<0x%02X>", c);
-                byte_ids[c] = tokenizer_find(t, name, 6);
+                byte_ids[c] = vocab_find(v, name, 6);
             }
             if (byte_ids[c] >= 0) {
                 out[(*n_out)++] = byte_ids[c];

@@ -4,7 +4,7 @@
  * <0xNN> byte tokens. Private to engine/ (tokenizer.c and the tests).
  *
  * Stateless: everything it needs comes from the tokenizer's vocabulary through
- * tokenizer.h. [any thread]
+ * engine/text/vocab.h. [any thread]
  */
 #ifndef LLMSERVE_SPM_H
 #define LLMSERVE_SPM_H
@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-struct tokenizer;
+struct vocab;
 
 /* Upper bound on the ids spm_encode() writes for len bytes of text: every
  * escaped byte (a space becomes 3 bytes of U+2581) gives at most one byte
@@ -27,7 +27,7 @@ static inline size_t spm_max_tokens(size_t len) { return 3 * len + 3; }
  * BPE). Symbols that are no piece become their bytes' <0xNN> tokens, or unk.
  * Appends the ids to out[*n_out ...], which must have room for
  * spm_max_tokens(len) more. Returns 0 or ERR_NOMEM. [any thread] */
-int spm_encode(const struct tokenizer *t, const char *text, size_t len, bool add_prefix,
+int spm_encode(const struct vocab *v, const char *text, size_t len, bool add_prefix,
                int32_t *out, size_t *n_out);
 
 #endif

@@ -19,6 +19,7 @@
 #include "engine/text/bpe.h"
 #include "engine/format/gguf.h"
 #include "engine/text/spm.h"
+#include "engine/text/vocab.h"
 #define LOG_TAG "tokenizer"
 #include "engine/base/log.h"
 
@@ -55,21 +56,15 @@ struct tokenizer {
 
 /* ---- vocabulary index ---------------------------------------------------- */
 
-static uint64_t hash_bytes(const char *s, size_t len) {
-    uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a
-    for (size_t i = 0; i < len; i++) {
-        h ^= (unsigned char)s[i];
-        h *= 0x100000001b3ULL;
-    }
-    return h ^ (h >> 29);
+/* The view of the vocabulary spm.c and bpe.c read (engine/text/vocab.h). */
+static struct vocab vocab_of(const struct tokenizer *t) {
+    return (struct vocab){t->n_vocab, t->texts, t->text_off, t->text_len, t->scores,
+                          t->index, t->index_mask, t->unk};
 }
 
 int32_t tokenizer_find(const struct tokenizer *t, const char *s, size_t len) {
-    for (uint64_t i = hash_bytes(s, len) & t->index_mask;; i = (i + 1) & t->index_mask) {
-        int32_t id = t->index[i];
-        if (id < 0) return -1;
-        if (t->text_len[id] == len && memcmp(t->texts + t->text_off[id], s, len) == 0) return id;
-    }
+    const struct vocab v = vocab_of(t);
+    return vocab_find(&v, s, len);
 }
 
 /* ---- queries -------------------------------------------------------------- */
@@ -165,7 +160,7 @@ static int build_index(struct tokenizer *t) {
     t->index_mask = slots - 1;
     for (int32_t id = 0; id < t->n_vocab; id++) {
         const char *s = t->texts + t->text_off[id];
-        uint64_t i = hash_bytes(s, t->text_len[id]) & t->index_mask;
+        uint64_t i = vocab_hash(s, t->text_len[id]) & t->index_mask;
         for (;; i = (i + 1) & t->index_mask) {
             int32_t o = t->index[i];
             if (o < 0) {
@@ -459,7 +454,8 @@ int tokenizer_load(const struct gguf_file *f, struct tokenizer **out) {
             goto fail;
         }
         bool adds_bos = false;
-        rc = bpe_create(t, merges, rc ? NULL : pre.data, rc ? 0 : (size_t)pre.len, &t->bpe,
+        const struct vocab voc = vocab_of(t);
+        rc = bpe_create(&voc, merges, rc ? NULL : pre.data, rc ? 0 : (size_t)pre.len, &t->bpe,
                         &adds_bos);
         if (rc) goto fail;
         t->add_bos = adds_bos;
@@ -556,13 +552,14 @@ static int vec_reserve(struct id_vec *v, size_t extra) {
 
 static int encode_fragment(const struct tokenizer *t, const char *text, size_t len,
                            bool after_special, struct id_vec *v) {
+    const struct vocab voc = vocab_of(t);
     int rc = 0;
     if (t->model == TOKENIZER_MODEL_SPM) {
         if ((rc = vec_reserve(v, spm_max_tokens(len)))) return rc;
-        return spm_encode(t, text, len, t->add_space_prefix && after_special, v->ids, &v->n);
+        return spm_encode(&voc, text, len, t->add_space_prefix && after_special, v->ids, &v->n);
     }
     if ((rc = vec_reserve(v, bpe_max_tokens(len)))) return rc;
-    return bpe_encode(t, t->bpe, text, len, v->ids, &v->n);
+    return bpe_encode(&voc, t->bpe, text, len, v->ids, &v->n);
 }
 
 int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, bool add_special,

@@ -130,11 +130,6 @@ size_t engine_kv_block_bytes(const struct engine_model *m, int32_t block_size,
     return per * (size_t)block_size;
 }
 
-const char *engine_kv_type_name(enum engine_kv_type t) {
-    static const char *const names[] = {"f32", "f16", "q8_0"};
-    return t >= 0 && t < ENGINE_KV_TYPE_COUNT ? names[t] : "?";
-}
-
 /* ---- adapters ---- */
 
 int engine_adapter_load(const struct engine_model *m, const char *path,
