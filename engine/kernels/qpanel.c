@@ -219,134 +219,152 @@ static void put_hbit(uint8_t *c, int g, int b, int bit) {
     c[b] = (uint8_t)(c[b] | bit << g);
 }
 
+/* ---- packing, one function per format: row r's block b into the panel-block
+ * (q: its quants, m: its meta), in the chunk order the top of this file gives. */
+
+static void pack_q8_0(const void *blk, int r, uint8_t *q, uint8_t *m) {
+    const struct block_q8_0 *b = blk;
+    for (int g = 0; g < 8; g++) {
+        for (int i = 0; i < 4; i++) q[64 * g + 4 * r + i] = (uint8_t)(b->qs[4 * g + i] + 128);
+    }
+    memcpy(m + 2 * r, &b->d, 2);
+}
+
+/* The 16 bytes of nibbles of a block of 32 (q4_0, q4_1, and q5's low bits). */
+static void put_nibbles32(const uint8_t *qs, int r, uint8_t *q) {
+    for (int c = 0; c < 4; c++) memcpy(q + 64 * c + 4 * r, qs + 4 * c, 4);
+}
+
+static void pack_q4_0(const void *blk, int r, uint8_t *q, uint8_t *m) {
+    const struct block_q4_0 *b = blk;
+    put_nibbles32(b->qs, r, q);
+    memcpy(m + 2 * r, &b->d, 2);
+}
+
+static void pack_q4_1(const void *blk, int r, uint8_t *q, uint8_t *m) {
+    const struct block_q4_1 *b = blk;
+    put_nibbles32(b->qs, r, q);
+    memcpy(m + 2 * r, &b->d, 2);
+    memcpy(m + 32 + 2 * r, &b->m, 2);
+}
+
+/* q5_0 and q5_1: q4's nibbles and the 5th bits (qh) in the chunk at 256. */
+static void put_q5_bits(const uint8_t *qs, const uint8_t *qh, int r, uint8_t *q) {
+    put_nibbles32(qs, r, q);
+    for (int e = 0; e < 32; e++)
+        put_hbit(q + 256 + 4 * r, e / 4, e % 4, (qh[e / 8] >> (e % 8)) & 1);
+}
+
+static void pack_q5_0(const void *blk, int r, uint8_t *q, uint8_t *m) {
+    const struct block_q5_0 *b = blk;
+    put_q5_bits(b->qs, b->qh, r, q);
+    memcpy(m + 2 * r, &b->d, 2);
+}
+
+static void pack_q5_1(const void *blk, int r, uint8_t *q, uint8_t *m) {
+    const struct block_q5_1 *b = blk;
+    put_q5_bits(b->qs, b->qh, r, q);
+    memcpy(m + 2 * r, &b->d, 2);
+    memcpy(m + 32 + 2 * r, &b->m, 2);
+}
+
+/* q4_K and q5_K meta: d, dmin, the 8 6-bit scales at 64 and mins at 192. */
+static void put_k4_meta(const uint8_t *d, const uint8_t *dmin, const uint8_t *scales, int r,
+                        uint8_t *m) {
+    memcpy(m + 2 * r, d, 2);
+    memcpy(m + 32 + 2 * r, dmin, 2);
+    for (int j = 0; j < 8; j++) {
+        uint8_t sc, mn;
+        quant_get_scale_min_k4(j, scales, &sc, &mn);
+        m[64 + 16 * j + r] = sc;
+        m[192 + 32 * (j / 2) + 2 * r + j % 2] = mn;
+    }
+}
+
+static void pack_q4_K(const void *blk, int r, uint8_t *q, uint8_t *m) {
+    const struct block_q4_K *b = blk;
+    for (int c = 0; c < 32; c++) memcpy(q + 64 * c + 4 * r, b->qs + 4 * c, 4);
+    put_k4_meta((const uint8_t *)&b->d, (const uint8_t *)&b->dmin, b->scales, r, m);
+}
+
+static void pack_q5_K(const void *blk, int r, uint8_t *q, uint8_t *m) {
+    const struct block_q5_K *b = blk;
+    for (int c = 0; c < 32; c++) memcpy(q + 64 * c + 4 * r, b->qs + 4 * c, 4);
+    for (int e = 0; e < QK_K; e++) {
+        const int j = e / 32, l = e % 32;
+        put_hbit(q + 64 * (32 + j) + 4 * r, l / 4, l % 4, (b->qh[l] >> j) & 1);
+    }
+    put_k4_meta((const uint8_t *)&b->d, (const uint8_t *)&b->dmin, b->scales, r, m);
+}
+
+static void pack_q6_K(const void *blk, int r, uint8_t *q, uint8_t *m) {
+    const struct block_q6_K *b = blk;
+    uint8_t v6[QK_K];
+    q6_values(b, v6);
+    for (int j = 0; j < 16; j++) {
+        uint8_t *c = q + 192 * j;
+        for (int i = 0; i < 4; i++) {
+            const uint8_t *v = v6 + 16 * j + i;  // groups 0..3 of lane i: v[0], v[4], ...
+            c[4 * r + i] = (uint8_t)((v[0] & 15) | (v[4] & 15) << 4);
+            c[64 + 4 * r + i] = (uint8_t)((v[8] & 15) | (v[12] & 15) << 4);
+            c[128 + 4 * r + i] =
+                (uint8_t)(v[0] >> 4 | (v[4] >> 4) << 2 | (v[8] >> 4) << 4 | (v[12] >> 4) << 6);
+        }
+        m[32 + 16 * j + r] = (uint8_t)b->scales[j];
+    }
+    memcpy(m + 2 * r, &b->d, 2);
+}
+
+/* q3_K and q2_K: the 2-bit values of the block's qs in 16 chunks. */
+static void put_2bit_values(const uint8_t *qs, int r, uint8_t *q) {
+    uint8_t v2[QK_K];
+    q2_values(qs, v2);
+    put_bits2(q, r, v2);
+}
+
+static void pack_q3_K(const void *blk, int r, uint8_t *q, uint8_t *m) {
+    const struct block_q3_K *b = blk;
+    put_2bit_values(b->qs, r, q);
+    for (int e = 0; e < QK_K; e++) {
+        const int j = e / 16, i = (e % 16) / 4, l = e % 4;
+        put_hbit(q + 64 * (16 + j / 2) + 4 * r, 4 * (j % 2) + i, l,
+                 (b->hmask[e % 32] >> (e / 32)) & 1);
+    }
+    const uint8_t *sc = b->scales;
+    for (int j = 0; j < 16; j++) {
+        const int lo4 = (sc[j % 8] >> (4 * (j / 8))) & 15;
+        const int hi2 = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
+        const int v = lo4 | hi2 << 4;
+        m[32 + 16 * j + r] = (uint8_t)(int8_t)(v - 32);
+    }
+    memcpy(m + 2 * r, &b->d, 2);
+}
+
+static void pack_q2_K(const void *blk, int r, uint8_t *q, uint8_t *m) {
+    const struct block_q2_K *b = blk;
+    put_2bit_values(b->qs, r, q);
+    for (int j = 0; j < 16; j++) m[64 + 32 * (j / 2) + 2 * r + j % 2] = b->scales[j];
+    memcpy(m + 2 * r, &b->d, 2);
+    memcpy(m + 32 + 2 * r, &b->dmin, 2);
+}
+
+typedef void (*pack_fn)(const void *blk, int r, uint8_t *q, uint8_t *m);
+
+static const pack_fn packers[QUANT_TYPE_COUNT] = {
+    [QUANT_Q8_0] = pack_q8_0, [QUANT_Q4_0] = pack_q4_0, [QUANT_Q4_1] = pack_q4_1,
+    [QUANT_Q5_0] = pack_q5_0, [QUANT_Q5_1] = pack_q5_1, [QUANT_Q4_K] = pack_q4_K,
+    [QUANT_Q5_K] = pack_q5_K, [QUANT_Q6_K] = pack_q6_K, [QUANT_Q3_K] = pack_q3_K,
+    [QUANT_Q2_K] = pack_q2_K,
+};
+
 /* Writes one panel-block of type t: q (l.q_bytes) and m (l.m_bytes) from the
  * blocks blk[r] of the panel's rows (NULL past n: zeros). */
 static void pack_block(enum quant_type t, const void *const blk[KERN_PANEL_ROWS], uint8_t *q,
                        uint8_t *m) {
+    const pack_fn pack = packers[t];
+    ASSERT(pack);  // layout_of() accepted only these types
     for (int r = 0; r < KERN_PANEL_ROWS; r++) {
-        if (!blk[r]) continue;
-        switch (t) {
-            case QUANT_Q8_0: {
-                const struct block_q8_0 *b = blk[r];
-                for (int g = 0; g < 8; g++) {
-                    for (int i = 0; i < 4; i++)
-                        q[64 * g + 4 * r + i] = (uint8_t)(b->qs[4 * g + i] + 128);
-                }
-                memcpy(m + 2 * r, &b->d, 2);
-                break;
-            }
-            case QUANT_Q4_0: {
-                const struct block_q4_0 *b = blk[r];
-                for (int c = 0; c < 4; c++) memcpy(q + 64 * c + 4 * r, b->qs + 4 * c, 4);
-                memcpy(m + 2 * r, &b->d, 2);
-                break;
-            }
-            case QUANT_Q4_K: {
-                const struct block_q4_K *b = blk[r];
-                for (int c = 0; c < 32; c++) memcpy(q + 64 * c + 4 * r, b->qs + 4 * c, 4);
-                memcpy(m + 2 * r, &b->d, 2);
-                memcpy(m + 32 + 2 * r, &b->dmin, 2);
-                for (int j = 0; j < 8; j++) {
-                    uint8_t sc, mn;
-                    quant_get_scale_min_k4(j, b->scales, &sc, &mn);
-                    m[64 + 16 * j + r] = sc;
-                    m[192 + 32 * (j / 2) + 2 * r + j % 2] = mn;
-                }
-                break;
-            }
-            case QUANT_Q6_K: {
-                const struct block_q6_K *b = blk[r];
-                uint8_t v6[QK_K];
-                q6_values(b, v6);
-                for (int j = 0; j < 16; j++) {
-                    uint8_t *c = q + 192 * j;
-                    for (int i = 0; i < 4; i++) {
-                        const uint8_t *v =
-                            v6 + 16 * j + i;  // groups 0..3 of lane i: v[0], v[4], ...
-                        c[4 * r + i] = (uint8_t)((v[0] & 15) | (v[4] & 15) << 4);
-                        c[64 + 4 * r + i] = (uint8_t)((v[8] & 15) | (v[12] & 15) << 4);
-                        c[128 + 4 * r + i] = (uint8_t)(v[0] >> 4 | (v[4] >> 4) << 2 |
-                                                       (v[8] >> 4) << 4 | (v[12] >> 4) << 6);
-                    }
-                    m[32 + 16 * j + r] = (uint8_t)b->scales[j];
-                }
-                memcpy(m + 2 * r, &b->d, 2);
-                break;
-            }
-            case QUANT_Q5_0:
-            case QUANT_Q5_1: {
-                const uint8_t *qs, *qh;
-                if (t == QUANT_Q5_0) {
-                    const struct block_q5_0 *b = blk[r];
-                    qs = b->qs, qh = b->qh;
-                    memcpy(m + 2 * r, &b->d, 2);
-                } else {
-                    const struct block_q5_1 *b = blk[r];
-                    qs = b->qs, qh = b->qh;
-                    memcpy(m + 2 * r, &b->d, 2);
-                    memcpy(m + 32 + 2 * r, &b->m, 2);
-                }
-                for (int c = 0; c < 4; c++) memcpy(q + 64 * c + 4 * r, qs + 4 * c, 4);
-                for (int e = 0; e < 32; e++)
-                    put_hbit(q + 256 + 4 * r, e / 4, e % 4, (qh[e / 8] >> (e % 8)) & 1);
-                break;
-            }
-            case QUANT_Q4_1: {
-                const struct block_q4_1 *b = blk[r];
-                for (int c = 0; c < 4; c++) memcpy(q + 64 * c + 4 * r, b->qs + 4 * c, 4);
-                memcpy(m + 2 * r, &b->d, 2);
-                memcpy(m + 32 + 2 * r, &b->m, 2);
-                break;
-            }
-            case QUANT_Q5_K: {
-                const struct block_q5_K *b = blk[r];
-                for (int c = 0; c < 32; c++) memcpy(q + 64 * c + 4 * r, b->qs + 4 * c, 4);
-                for (int e = 0; e < QK_K; e++) {
-                    const int j = e / 32, l = e % 32;
-                    put_hbit(q + 64 * (32 + j) + 4 * r, l / 4, l % 4, (b->qh[l] >> j) & 1);
-                }
-                memcpy(m + 2 * r, &b->d, 2);
-                memcpy(m + 32 + 2 * r, &b->dmin, 2);
-                for (int j = 0; j < 8; j++) {
-                    uint8_t sc, mn;
-                    quant_get_scale_min_k4(j, b->scales, &sc, &mn);
-                    m[64 + 16 * j + r] = sc;
-                    m[192 + 32 * (j / 2) + 2 * r + j % 2] = mn;
-                }
-                break;
-            }
-            case QUANT_Q3_K: {
-                const struct block_q3_K *b = blk[r];
-                uint8_t v2[QK_K];
-                q2_values(b->qs, v2);
-                put_bits2(q, r, v2);
-                for (int e = 0; e < QK_K; e++) {
-                    const int j = e / 16, i = (e % 16) / 4, l = e % 4;
-                    put_hbit(q + 64 * (16 + j / 2) + 4 * r, 4 * (j % 2) + i, l,
-                             (b->hmask[e % 32] >> (e / 32)) & 1);
-                }
-                const uint8_t *sc = b->scales;
-                for (int j = 0; j < 16; j++) {
-                    const int v = ((sc[j % 8] >> (4 * (j / 8))) & 15) |
-                                  ((sc[8 + j % 4] >> (2 * (j / 4))) & 3) << 4;
-                    m[32 + 16 * j + r] = (uint8_t)(int8_t)(v - 32);
-                }
-                memcpy(m + 2 * r, &b->d, 2);
-                break;
-            }
-            case QUANT_Q2_K: {
-                const struct block_q2_K *b = blk[r];
-                uint8_t v2[QK_K];
-                q2_values(b->qs, v2);
-                put_bits2(q, r, v2);
-                for (int j = 0; j < 16; j++) m[64 + 32 * (j / 2) + 2 * r + j % 2] = b->scales[j];
-                memcpy(m + 2 * r, &b->d, 2);
-                memcpy(m + 32 + 2 * r, &b->dmin, 2);
-                break;
-            }
-            default:
-                UNREACHABLE();
-        }
+        if (blk[r]) pack(blk[r], r, q, m);
     }
 }
 
