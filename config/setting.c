@@ -114,6 +114,63 @@ static bool is_choice(const char *choices, const char *value) {
     return false;
 }
 
+/* Appends --api-key value to c's keys: 1..CONFIG_API_KEY_MAX_BYTES of
+ * printable ASCII without spaces, at most CONFIG_MAX_API_KEYS. */
+static int add_api_key(struct config *c, const char *value, const char *where, char *msg,
+                       size_t msg_size) {
+    size_t len = strlen(value);
+    if (len == 0 || len > CONFIG_API_KEY_MAX_BYTES) {
+        snprintf(msg, msg_size, "%s: an API key must be 1..%d bytes", where,
+                 CONFIG_API_KEY_MAX_BYTES);
+        return ERR_INVAL;
+    }
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)value[i];
+        if (ch <= ' ' || ch >= 0x7f) {
+            snprintf(msg, msg_size, "%s: an API key must be printable ASCII without spaces",
+                     where);
+            return ERR_INVAL;
+        }
+    }
+    if (c->n_api_keys == CONFIG_MAX_API_KEYS) {
+        snprintf(msg, msg_size, "%s: more than %d API keys", where, CONFIG_MAX_API_KEYS);
+        return ERR_INVAL;
+    }
+    c->api_keys[c->n_api_keys++] = xstrdup(value);
+    return 0;
+}
+
+/* Appends --lora NAME=PATH to c's adapters: a name not given before, at most
+ * CONFIG_MAX_LORAS. */
+static int add_lora(struct config *c, const char *value, const char *where, char *msg,
+                    size_t msg_size) {
+    const char *eq = strchr(value, '=');
+    if (!eq || eq == value || !eq[1]) {
+        snprintf(msg, msg_size, "%s: '%s' is not NAME=PATH", where, value);
+        return ERR_INVAL;
+    }
+    size_t name_len = (size_t)(eq - value);
+    for (int32_t i = 0; i < c->n_loras; i++) {
+        if (strlen(c->lora_names[i]) == name_len &&
+            strncmp(c->lora_names[i], value, name_len) == 0) {
+            snprintf(msg, msg_size, "%s: the adapter name '%.*s' is given twice", where,
+                     (int)name_len, value);
+            return ERR_INVAL;
+        }
+    }
+    if (c->n_loras == CONFIG_MAX_LORAS) {
+        snprintf(msg, msg_size, "%s: more than %d adapters", where, CONFIG_MAX_LORAS);
+        return ERR_INVAL;
+    }
+    char *name = xmalloc(name_len + 1);
+    memcpy(name, value, name_len);
+    name[name_len] = 0;
+    c->lora_names[c->n_loras] = name;
+    c->lora_paths[c->n_loras] = xstrdup(eq + 1);
+    c->n_loras++;
+    return 0;
+}
+
 int setting_apply(struct config *c, const struct setting *s, const char *value,
                   const char *where, char *msg, size_t msg_size) {
     char *base = (char *)c;
@@ -174,55 +231,8 @@ int setting_apply(struct config *c, const struct setting *s, const char *value,
         c->log_level = lvl;
         return 0;
     }
-    case SETTING_KIND_KEY: {
-        size_t len = strlen(value);
-        if (len == 0 || len > CONFIG_API_KEY_MAX_BYTES) {
-            snprintf(msg, msg_size, "%s: an API key must be 1..%d bytes", where,
-                     CONFIG_API_KEY_MAX_BYTES);
-            return ERR_INVAL;
-        }
-        for (size_t i = 0; i < len; i++) {
-            unsigned char ch = (unsigned char)value[i];
-            if (ch <= ' ' || ch >= 0x7f) {
-                snprintf(msg, msg_size, "%s: an API key must be printable ASCII without spaces",
-                         where);
-                return ERR_INVAL;
-            }
-        }
-        if (c->n_api_keys == CONFIG_MAX_API_KEYS) {
-            snprintf(msg, msg_size, "%s: more than %d API keys", where, CONFIG_MAX_API_KEYS);
-            return ERR_INVAL;
-        }
-        c->api_keys[c->n_api_keys++] = xstrdup(value);
-        return 0;
-    }
-    case SETTING_KIND_LORA: {
-        const char *eq = strchr(value, '=');
-        if (!eq || eq == value || !eq[1]) {
-            snprintf(msg, msg_size, "%s: '%s' is not NAME=PATH", where, value);
-            return ERR_INVAL;
-        }
-        size_t name_len = (size_t)(eq - value);
-        for (int32_t i = 0; i < c->n_loras; i++) {
-            if (strlen(c->lora_names[i]) == name_len &&
-                strncmp(c->lora_names[i], value, name_len) == 0) {
-                snprintf(msg, msg_size, "%s: the adapter name '%.*s' is given twice", where,
-                         (int)name_len, value);
-                return ERR_INVAL;
-            }
-        }
-        if (c->n_loras == CONFIG_MAX_LORAS) {
-            snprintf(msg, msg_size, "%s: more than %d adapters", where, CONFIG_MAX_LORAS);
-            return ERR_INVAL;
-        }
-        char *name = xmalloc(name_len + 1);
-        memcpy(name, value, name_len);
-        name[name_len] = 0;
-        c->lora_names[c->n_loras] = name;
-        c->lora_paths[c->n_loras] = xstrdup(eq + 1);
-        c->n_loras++;
-        return 0;
-    }
+    case SETTING_KIND_KEY: return add_api_key(c, value, where, msg, msg_size);
+    case SETTING_KIND_LORA: return add_lora(c, value, where, msg, msg_size);
     case SETTING_KIND_BOOL: {
         bool *field = (bool *)(void *)(base + s->offset);
         if (strcmp(value, "true") == 0 || strcmp(value, "1") == 0 || strcmp(value, "on") == 0 ||

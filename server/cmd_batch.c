@@ -248,13 +248,20 @@ static bool drain_channel(struct channel *c, struct channel_output *acc) {
     return done;
 }
 
-int cmd_batch(int argc, char **argv) {
-    const char *model_path = NULL;
-    const char *prompts_path = NULL;
-    int32_t arrival_ms = 0;
-    struct scheduler_params sp = scheduler_default_params();
-    static struct batch_loras lo;  // large: not on the stack
-    memset(&lo, 0, sizeof(lo));
+/* The command line. lo's names and paths are borrowed from argv. */
+struct batch_opts {
+    const char *model_path;
+    const char *prompts_path;
+    int32_t arrival_ms;              // between submissions; 0: all at once
+    struct scheduler_params sp;
+};
+
+/* Reads the flags into *o (over the scheduler's defaults) and the --lora
+ * list into *lo. Returns -1 to go on, else the exit code: 0 after --help,
+ * 2 after a message. */
+static int parse_opts(int argc, char **argv, struct batch_opts *o, struct batch_loras *lo) {
+    *o = (struct batch_opts){.sp = scheduler_default_params()};
+    struct scheduler_params *sp = &o->sp;
     static const struct option long_opts[] = {
         {"model", required_argument, NULL, 'm'},
         {"prompts", required_argument, NULL, 'P'},
@@ -278,32 +285,32 @@ int cmd_batch(int argc, char **argv) {
     while ((c = getopt_long(argc, argv, "m:t:c:h", long_opts, NULL)) != -1) {
         bool ok = true;
         switch (c) {
-        case 'm': model_path = optarg; break;
-        case 'P': prompts_path = optarg; break;
-        case 'a': ok = parse_i32(optarg, 0, 3600000, &arrival_ms); break;
-        case 'k': ok = parse_i32(optarg, 1, 1 << 20, &sp.kv_memory_mib); break;
-        case 'K': ok = parse_i32(optarg, 2, 1 << 24, &sp.kv_blocks); break;
-        case 'B': ok = parse_i32(optarg, 1, 1024, &sp.block_size); break;
-        case 'S': ok = parse_i32(optarg, 1, 4096, &sp.max_seqs); break;
-        case 'T': ok = parse_i32(optarg, 1, 1 << 20, &sp.max_batch_tokens); break;
-        case 'N': sp.enable_prefix_cache = false; break;
-        case 't': ok = parse_i32(optarg, 0, 4096, &sp.n_threads); break;
-        case 'c': ok = parse_i32(optarg, 1, 1 << 24, &sp.n_ctx); break;
+        case 'm': o->model_path = optarg; break;
+        case 'P': o->prompts_path = optarg; break;
+        case 'a': ok = parse_i32(optarg, 0, 3600000, &o->arrival_ms); break;
+        case 'k': ok = parse_i32(optarg, 1, 1 << 20, &sp->kv_memory_mib); break;
+        case 'K': ok = parse_i32(optarg, 2, 1 << 24, &sp->kv_blocks); break;
+        case 'B': ok = parse_i32(optarg, 1, 1024, &sp->block_size); break;
+        case 'S': ok = parse_i32(optarg, 1, 4096, &sp->max_seqs); break;
+        case 'T': ok = parse_i32(optarg, 1, 1 << 20, &sp->max_batch_tokens); break;
+        case 'N': sp->enable_prefix_cache = false; break;
+        case 't': ok = parse_i32(optarg, 0, 4096, &sp->n_threads); break;
+        case 'c': ok = parse_i32(optarg, 1, 1 << 24, &sp->n_ctx); break;
         case 'V':
-            if (engine_kv_type_parse(optarg, &sp.kv_type) != 0) {
+            if (engine_kv_type_parse(optarg, &sp->kv_type) != 0) {
                 fprintf(stderr, "batch: --kv-type: '%s' is not one of f32, f16, q8_0\n", optarg);
                 return 2;
             }
             break;
-        case 'R': ok = parse_i32(optarg, 0, SCHEDULER_MAX_LORAS, &sp.max_loras); break;
+        case 'R': ok = parse_i32(optarg, 0, SCHEDULER_MAX_LORAS, &sp->max_loras); break;
         case 'L': {
             const char *eq = strchr(optarg, '=');
-            ok = eq && eq != optarg && eq[1] && lo.n < BATCH_MAX_LORAS;
+            ok = eq && eq != optarg && eq[1] && lo->n < BATCH_MAX_LORAS;
             if (ok) {
-                lo.names[lo.n] = optarg;
-                lo.name_lens[lo.n] = (size_t)(eq - optarg);
-                lo.paths[lo.n] = eq + 1;
-                lo.n++;
+                lo->names[lo->n] = optarg;
+                lo->name_lens[lo->n] = (size_t)(eq - optarg);
+                lo->paths[lo->n] = eq + 1;
+                lo->n++;
             }
             break;
         }
@@ -312,59 +319,22 @@ int cmd_batch(int argc, char **argv) {
         }
         if (!ok) {
             fprintf(stderr, "batch: bad value for --%s: %s\n", long_opts[0].name, optarg);
-            for (const struct option *o = long_opts; o->name; o++)
-                if (o->val == c) fprintf(stderr, "batch: (option --%s)\n", o->name);
+            for (const struct option *opt = long_opts; opt->name; opt++)
+                if (opt->val == c) fprintf(stderr, "batch: (option --%s)\n", opt->name);
             return 2;
         }
     }
-    if (!model_path || !prompts_path || optind != argc) {
+    if (!o->model_path || !o->prompts_path || optind != argc) {
         batch_usage(stderr);
         return 2;
     }
+    return -1;
+}
 
-    char *text = NULL;
-    size_t text_len = 0;
-    int err = file_read_all(prompts_path, BATCH_MAX_FILE_BYTES, &text, &text_len);
-    if (err) {
-        fprintf(stderr, "batch: cannot read %s: %s\n", prompts_path, err_str(err));
-        return 1;
-    }
-    struct engine_model_params mp = engine_model_default_params();
-    mp.path = model_path;
-    struct engine_model *model = NULL;
-    err = engine_model_load(&mp, &model);
-    const int32_t n_ctx_train = model ? engine_model_get_info(model)->n_ctx_train : 0;
-    if (err) {
-        fprintf(stderr, "batch: cannot load %s: %s\n", model_path, err_str(err));
-        free(text);
-        return 1;
-    }
-    const struct tokenizer *tok = engine_model_tokenizer(model);
-    int32_t n_vocab = engine_model_get_info(model)->n_vocab;
-    char file_id[256];
-    openai_model_id(model_path, file_id, sizeof(file_id));
-    lo.base_name = file_id;
-    lo.gguf_name = engine_model_get_info(model)->name;
-    for (int32_t i = 0; i < lo.n; i++) {
-        err = engine_adapter_load(model, lo.paths[i], &lo.adapters[i]);
-        if (err) {
-            fprintf(stderr, "batch: cannot load the adapter %.*s=%s: %s\n", (int)lo.name_lens[i],
-                    lo.names[i], lo.paths[i], err_str(err));
-            for (int32_t k = 0; k < i; k++) engine_adapter_release(lo.adapters[k]);
-            free(text);
-            engine_model_free(model);
-            return 1;
-        }
-    }
-    if (lo.n > 0 && sp.max_loras == 0) {
-        fprintf(stderr, "batch: --lora needs --max-loras >= 1\n");
-        for (int32_t k = 0; k < lo.n; k++) engine_adapter_release(lo.adapters[k]);
-        free(text);
-        engine_model_free(model);
-        return 2;
-    }
-
-    // One entry per non-empty line.
+/* Parses one entry per non-empty line of text; *out is owned by the caller. */
+static int64_t read_lines(const struct tokenizer *tok, int32_t n_vocab,
+                          const struct batch_loras *lo, char *text, size_t text_len,
+                          struct batch_line **out) {
     int64_t n_lines = 0;
     int64_t cap = 0;
     struct batch_line *lines = NULL;
@@ -380,10 +350,157 @@ int cmd_batch(int argc, char **argv) {
             }
             struct batch_line *l = &lines[n_lines++];
             memset(l, 0, sizeof(*l));
-            parse_line(tok, n_vocab, &lo, p, (size_t)(end - p), l);
+            parse_line(tok, n_vocab, lo, p, (size_t)(end - p), l);
         }
         p = end + 1;
     }
+    *out = lines;
+    return n_lines;
+}
+
+/* One run's lines and what they produced, for the arrival loop. */
+struct batch_run {
+    struct scheduler *s;
+    struct batch_line *lines;
+    int64_t n_lines;
+    struct channel_output *acc;     // [n_lines]: each line's output so far
+    bool *done;                     // [n_lines]
+    int64_t n_left;                 // lines not done
+    int32_t n_ctx;                  // for the "too long" message
+    int64_t t0;                     // start of the run
+    int64_t t_last_first_ns;        // when the last request got its first token
+    int64_t n_first;                // requests that got a first token
+};
+
+/* Submits the lines due by now from *i_next on; a line that cannot run is
+ * done with its error. */
+static void submit_due(struct batch_run *r, int32_t arrival_ms, int64_t *i_next) {
+    int64_t now = clock_mono_ns();
+    for (; *i_next < r->n_lines; (*i_next)++) {
+        struct batch_line *l = &r->lines[*i_next];
+        int64_t due = r->t0 + *i_next * (int64_t)arrival_ms * 1000000;
+        if (due > now) break;
+        if (!l->error[0]) {
+            uint64_t id;
+            l->t_submit_ns = clock_mono_ns();
+            l->ttft_ms = -1.0;
+            int err = scheduler_submit(r->s, &l->req, &id, &l->channel);
+            if (err == ERR_TOOLONG) {
+                snprintf(l->error, sizeof(l->error),
+                         "the context is %d tokens, but the prompt has %d and max_tokens "
+                         "asks for %d more", (int)r->n_ctx, (int)l->req.n_prompt,
+                         (int)l->req.max_tokens);
+            } else if (err) {
+                snprintf(l->error, sizeof(l->error), "%s", err_str(err));
+            }
+        }
+        if (l->error[0]) {
+            r->done[*i_next] = true;
+            r->n_left--;
+        }
+    }
+}
+
+/* Reads every submitted line's channel after a step; notes first tokens. */
+static void collect(struct batch_run *r, int64_t i_next) {
+    for (int64_t i = 0; i < i_next; i++) {
+        struct batch_line *l = &r->lines[i];
+        if (r->done[i] || !l->channel) continue;
+        bool is_done = drain_channel(l->channel, &r->acc[i]);
+        if (l->ttft_ms < 0 && r->acc[i].n_tokens > 0) {
+            const int64_t t_now = clock_mono_ns();
+            l->ttft_ms = (double)(t_now - l->t_submit_ns) / 1e6;
+            r->t_last_first_ns = t_now;  // the decode-only window starts after the last first token
+            r->n_first++;
+        }
+        if (is_done) {
+            r->done[i] = true;
+            r->n_left--;
+        }
+    }
+}
+
+/* The step loop runs on this thread (scheduler_step), so arrivals are exact
+ * and nothing waits on a lock: submit what is due, step, collect. */
+static void run_lines(struct batch_run *r, int32_t arrival_ms) {
+    r->t0 = clock_mono_ns();
+    r->t_last_first_ns = r->t0;
+    r->n_left = r->n_lines;
+    int64_t i_next = 0;  // next line to submit
+    while (r->n_left > 0) {
+        submit_due(r, arrival_ms, &i_next);
+        if (!scheduler_has_work(r->s)) {
+            if (i_next >= r->n_lines) break;
+            int64_t due = r->t0 + i_next * (int64_t)arrival_ms * 1000000;
+            int64_t wait_ns = due - clock_mono_ns();
+            if (wait_ns > 0) {
+                struct timespec ts = {(time_t)(wait_ns / 1000000000), (long)(wait_ns % 1000000000)};
+                nanosleep(&ts, NULL);
+            }
+            continue;
+        }
+        int32_t n = scheduler_step(r->s);
+        if (n < 0) LOG_WARN("step failed: %s", err_str(n));
+        collect(r, i_next);
+    }
+}
+
+static void release_loras(struct batch_loras *lo, int32_t n) {
+    for (int32_t k = 0; k < n; k++) engine_adapter_release(lo->adapters[k]);
+}
+
+int cmd_batch(int argc, char **argv) {
+    struct batch_opts o;
+    static struct batch_loras lo;  // large: not on the stack
+    memset(&lo, 0, sizeof(lo));
+    int code = parse_opts(argc, argv, &o, &lo);
+    if (code >= 0) return code;
+    struct scheduler_params sp = o.sp;
+
+    char *text = NULL;
+    size_t text_len = 0;
+    int err = file_read_all(o.prompts_path, BATCH_MAX_FILE_BYTES, &text, &text_len);
+    if (err) {
+        fprintf(stderr, "batch: cannot read %s: %s\n", o.prompts_path, err_str(err));
+        return 1;
+    }
+    struct engine_model_params mp = engine_model_default_params();
+    mp.path = o.model_path;
+    struct engine_model *model = NULL;
+    err = engine_model_load(&mp, &model);
+    const int32_t n_ctx_train = model ? engine_model_get_info(model)->n_ctx_train : 0;
+    if (err) {
+        fprintf(stderr, "batch: cannot load %s: %s\n", o.model_path, err_str(err));
+        free(text);
+        return 1;
+    }
+    const struct tokenizer *tok = engine_model_tokenizer(model);
+    int32_t n_vocab = engine_model_get_info(model)->n_vocab;
+    char file_id[256];
+    openai_model_id(o.model_path, file_id, sizeof(file_id));
+    lo.base_name = file_id;
+    lo.gguf_name = engine_model_get_info(model)->name;
+    for (int32_t i = 0; i < lo.n; i++) {
+        err = engine_adapter_load(model, lo.paths[i], &lo.adapters[i]);
+        if (err) {
+            fprintf(stderr, "batch: cannot load the adapter %.*s=%s: %s\n", (int)lo.name_lens[i],
+                    lo.names[i], lo.paths[i], err_str(err));
+            release_loras(&lo, i);
+            free(text);
+            engine_model_free(model);
+            return 1;
+        }
+    }
+    if (lo.n > 0 && sp.max_loras == 0) {
+        fprintf(stderr, "batch: --lora needs --max-loras >= 1\n");
+        release_loras(&lo, lo.n);
+        free(text);
+        engine_model_free(model);
+        return 2;
+    }
+
+    struct batch_line *lines = NULL;
+    const int64_t n_lines = read_lines(tok, n_vocab, &lo, text, text_len, &lines);
     free(text);
     if (sp.max_queue < n_lines + 1) sp.max_queue = n_lines + 1 > INT32_MAX ? INT32_MAX : (int32_t)n_lines + 1;
 
@@ -392,81 +509,29 @@ int cmd_batch(int argc, char **argv) {
     if (err) {
         fprintf(stderr, "batch: cannot start the scheduler: %s\n", err_str(err));
         scheduler_free(s);
-        for (int32_t k = 0; k < lo.n; k++) engine_adapter_release(lo.adapters[k]);
+        release_loras(&lo, lo.n);
         engine_model_free(model);
         return 1;
     }
-    // The step loop runs on this thread (scheduler_step), so arrivals are
-    // exact and nothing waits on a lock: submit what is due, step, collect.
-    struct channel_output *acc = xcalloc((size_t)n_lines + 1, sizeof(*acc));
-    bool *done = xcalloc((size_t)n_lines + 1, sizeof(*done));
-    int64_t t0 = clock_mono_ns();
-    int64_t i_next = 0;  // next line to submit
-    int64_t t_last_first_ns = t0;  // when the last request got its first token
-    int64_t n_first = 0;           // requests that got a first token
-    int64_t n_left = n_lines;
-    while (n_left > 0) {
-        int64_t now = clock_mono_ns();
-        for (; i_next < n_lines; i_next++) {
-            struct batch_line *l = &lines[i_next];
-            int64_t due = t0 + i_next * (int64_t)arrival_ms * 1000000;
-            if (due > now) break;
-            if (!l->error[0]) {
-                uint64_t id;
-                l->t_submit_ns = clock_mono_ns();
-                l->ttft_ms = -1.0;
-                err = scheduler_submit(s, &l->req, &id, &l->channel);
-                if (err == ERR_TOOLONG) {
-                    snprintf(l->error, sizeof(l->error),
-                             "the context is %d tokens, but the prompt has %d and max_tokens "
-                             "asks for %d more", (int)(sp.n_ctx > 0 ? sp.n_ctx : n_ctx_train),
-                             (int)l->req.n_prompt, (int)l->req.max_tokens);
-                } else if (err) {
-                    snprintf(l->error, sizeof(l->error), "%s", err_str(err));
-                }
-            }
-            if (l->error[0]) {
-                done[i_next] = true;
-                n_left--;
-            }
-        }
-        if (!scheduler_has_work(s)) {
-            if (i_next >= n_lines) break;
-            int64_t due = t0 + i_next * (int64_t)arrival_ms * 1000000;
-            int64_t wait_ns = due - clock_mono_ns();
-            if (wait_ns > 0) {
-                struct timespec ts = {(time_t)(wait_ns / 1000000000), (long)(wait_ns % 1000000000)};
-                nanosleep(&ts, NULL);
-            }
-            continue;
-        }
-        int32_t n = scheduler_step(s);
-        if (n < 0) LOG_WARN("step failed: %s", err_str(n));
-        for (int64_t i = 0; i < i_next; i++) {
-            if (done[i] || !lines[i].channel) continue;
-            bool is_done = drain_channel(lines[i].channel, &acc[i]);
-            if (lines[i].ttft_ms < 0 && acc[i].n_tokens > 0) {
-                const int64_t t_now = clock_mono_ns();
-                lines[i].ttft_ms = (double)(t_now - lines[i].t_submit_ns) / 1e6;
-                t_last_first_ns = t_now;  // the decode-only window starts after the last first token
-                n_first++;
-            }
-            if (is_done) {
-                done[i] = true;
-                n_left--;
-            }
-        }
-    }
+    struct batch_run r = {
+        .s = s,
+        .lines = lines,
+        .n_lines = n_lines,
+        .acc = xcalloc((size_t)n_lines + 1, sizeof(*r.acc)),
+        .done = xcalloc((size_t)n_lines + 1, sizeof(*r.done)),
+        .n_ctx = sp.n_ctx > 0 ? sp.n_ctx : n_ctx_train,
+    };
+    run_lines(&r, o.arrival_ms);
     const int64_t t_end_ns = clock_mono_ns();
-    double wall_s = (double)(t_end_ns - t0) / 1e9;
-    double decode_s = (double)(t_end_ns - t_last_first_ns) / 1e9;
+    double wall_s = (double)(t_end_ns - r.t0) / 1e9;
+    double decode_s = (double)(t_end_ns - r.t_last_first_ns) / 1e9;
     struct scheduler_stats st;
     scheduler_stop(s, 0);
     scheduler_get_stats(s, &st);
 
     for (int64_t i = 0; i < n_lines; i++) {
-        print_result(i, &lines[i], &acc[i]);
-        channel_output_free(&acc[i]);
+        print_result(i, &lines[i], &r.acc[i]);
+        channel_output_free(&r.acc[i]);
         channel_release(lines[i].channel);
         free(lines[i].prompt);
         for (int32_t k = 0; k < BATCH_MAX_STOPS; k++) free(lines[i].stops[k]);
@@ -478,15 +543,15 @@ int cmd_batch(int argc, char **argv) {
             "lora_loads=%lld lora_evictions=%lld lora_waits=%lld\n",
             (long long)n_lines, (long long)st.n_generated_tokens, wall_s,
             wall_s > 0 ? (double)st.n_generated_tokens / wall_s : 0.0,
-            decode_s > 0 ? (double)(st.n_generated_tokens - n_first) / decode_s : 0.0,
+            decode_s > 0 ? (double)(st.n_generated_tokens - r.n_first) / decode_s : 0.0,
             (long long)st.n_prompt_tokens, (long long)st.n_prefix_hit_tokens,
             (long long)st.n_preemptions, (long long)st.n_steps, (long long)st.n_lora_loads,
             (long long)st.n_lora_evictions, (long long)st.n_lora_waits);
-    free(acc);
-    free(done);
+    free(r.acc);
+    free(r.done);
     free(lines);
     scheduler_free(s);
-    for (int32_t k = 0; k < lo.n; k++) engine_adapter_release(lo.adapters[k]);
+    release_loras(&lo, lo.n);
     engine_model_free(model);
     return 0;
 }

@@ -105,10 +105,20 @@ static void log_softmax(const float *logits, int32_t n, double *out) {
     for (int32_t i = 0; i < n; i++) out[i] = (double)logits[i] - lse;
 }
 
-int cmd_perplexity(int argc, char **argv) {
-    const char *model_path = NULL, *text_path = NULL, *base_path = NULL;
-    int32_t n_ctx = 128, n_threads = 0, max_windows = 0;
-    enum engine_kv_type kv_type = ENGINE_KV_TYPE_F32;  // of -m; --base always has f32 KV
+struct ppl_opts {
+    const char *model_path;
+    const char *text_path;
+    const char *base_path;          // NULL: no KL divergence
+    int32_t n_ctx;                  // the window
+    int32_t n_threads;
+    int32_t max_windows;            // 0: every window of the text
+    enum engine_kv_type kv_type;    // of -m; --base always has f32 KV
+};
+
+/* Reads the flags into *o. Returns -1 to go on, else the exit code 2 after
+ * the usage. */
+static int parse_ppl_opts(int argc, char **argv, struct ppl_opts *o) {
+    *o = (struct ppl_opts){.n_ctx = 128, .kv_type = ENGINE_KV_TYPE_F32};
     static const struct option longopts[] = {
         {"model", required_argument, NULL, 'm'}, {"text", required_argument, NULL, 'f'},
         {"ctx", required_argument, NULL, 'c'},   {"base", required_argument, NULL, 'b'},
@@ -120,14 +130,14 @@ int cmd_perplexity(int argc, char **argv) {
     optind = 1;
     while ((opt = getopt_long(argc, argv, "m:f:c:b:t:w:k:", longopts, NULL)) != -1) {
         switch (opt) {
-        case 'm': model_path = optarg; break;
-        case 'f': text_path = optarg; break;
-        case 'c': n_ctx = atoi(optarg); break;
-        case 'b': base_path = optarg; break;
-        case 't': n_threads = atoi(optarg); break;
-        case 'w': max_windows = atoi(optarg); break;
+        case 'm': o->model_path = optarg; break;
+        case 'f': o->text_path = optarg; break;
+        case 'c': o->n_ctx = atoi(optarg); break;
+        case 'b': o->base_path = optarg; break;
+        case 't': o->n_threads = atoi(optarg); break;
+        case 'w': o->max_windows = atoi(optarg); break;
         case 'k':
-            if (engine_kv_type_parse(optarg, &kv_type) != 0) {
+            if (engine_kv_type_parse(optarg, &o->kv_type) != 0) {
                 fprintf(stderr, "perplexity: --kv-type: '%s' is not one of f32, f16, q8_0\n",
                         optarg);
                 return 2;
@@ -140,25 +150,70 @@ int cmd_perplexity(int argc, char **argv) {
             return 2;
         }
     }
-    if (!model_path || !text_path || n_ctx < 4) {
+    if (!o->model_path || !o->text_path || o->n_ctx < 4) {
         fprintf(stderr, "usage: llmserve perplexity -m FILE --text FILE [--ctx N >= 4] "
                         "[--base F32.gguf] [--windows N] [--kv-type f32|f16|q8_0] "
                         "[-t THREADS]\n");
         return 2;
     }
-    int exit_code = 1;
+    return -1;
+}
+
+/* The sums over every scored token. */
+struct ppl_sums {
+    double nll;
+    double kl;
+    double kl_max;
+    int64_t n_scored;
+    int64_t n_top1;   // tokens whose most likely next token agrees with the base's
+};
+
+/* Scores n_out output rows of logits [n_out][n_vocab] against the tokens
+ * that follow (next [n_out]), and with base_logits (else NULL) the KL
+ * divergence from the base's rows; lp, lq: scratch [n_vocab]. Adds to *s;
+ * returns the rows' negative log-likelihood. */
+static double score_outputs(const float *logits, const float *base_logits, const int32_t *next,
+                            int32_t n_out, int32_t n_vocab, double *lp, double *lq,
+                            struct ppl_sums *s) {
+    double w_nll = 0;
+    for (int32_t o = 0; o < n_out; o++) {
+        log_softmax(logits + (size_t)o * n_vocab, n_vocab, lq);
+        w_nll -= lq[next[o]];
+        if (!base_logits) continue;
+        log_softmax(base_logits + (size_t)o * n_vocab, n_vocab, lp);
+        double d = 0;
+        int32_t top_p = 0, top_q = 0;
+        for (int32_t v = 0; v < n_vocab; v++) {
+            d += exp(lp[v]) * (lp[v] - lq[v]);
+            if (lp[v] > lp[top_p]) top_p = v;
+            if (lq[v] > lq[top_q]) top_q = v;
+        }
+        s->kl += d;
+        s->kl_max = d > s->kl_max ? d : s->kl_max;
+        s->n_top1 += top_p == top_q;
+    }
+    return w_nll;
+}
+
+int cmd_perplexity(int argc, char **argv) {
+    struct ppl_opts po;
+    int exit_code = parse_ppl_opts(argc, argv, &po);
+    if (exit_code >= 0) return exit_code;
+    const char *base_path = po.base_path;
+    const int32_t n_ctx = po.n_ctx;
+    exit_code = 1;
     struct ppl_model m = {0}, base = {0};
     struct file_map text = {0};
     int32_t *ids = NULL, *pos = NULL, *seq = NULL, *table = NULL;
     int8_t *outf = NULL;
     double *lp = NULL, *lq = NULL;
     float *base_logits = NULL;
-    int err = file_map(text_path, &text);
+    int err = file_map(po.text_path, &text);
     if (err) goto done;
-    err = ppl_open(model_path, n_ctx, n_threads, kv_type, &m);
+    err = ppl_open(po.model_path, n_ctx, po.n_threads, po.kv_type, &m);
     if (err) goto done;
     if (base_path) {
-        err = ppl_open(base_path, n_ctx, n_threads, ENGINE_KV_TYPE_F32, &base);
+        err = ppl_open(base_path, n_ctx, po.n_threads, ENGINE_KV_TYPE_F32, &base);
         if (err) goto done;
         if (base.n_vocab != m.n_vocab) {
             fprintf(stderr, "perplexity: --base has %d tokens in its vocabulary, the model %d\n",
@@ -173,7 +228,7 @@ int cmd_perplexity(int argc, char **argv) {
     if (err) goto done;
     const int32_t n_windows_all = n_ids / n_ctx;
     const int32_t n_windows =
-        max_windows > 0 && max_windows < n_windows_all ? max_windows : n_windows_all;
+        po.max_windows > 0 && po.max_windows < n_windows_all ? po.max_windows : n_windows_all;
     if (n_windows < 1) {
         fprintf(stderr, "perplexity: the text has %d tokens, fewer than one window of %d\n", n_ids,
                 n_ctx);
@@ -196,8 +251,7 @@ int cmd_perplexity(int argc, char **argv) {
     for (int32_t i = 0; i < n_ctx / n_blk + 2; i++) table[i] = i + 1;
     struct engine_seq es = {.block_table = table, .n_blocks = (n_ctx + n_blk - 1) / n_blk};
     const int32_t first = n_ctx / 2;  // scored: positions first .. n_ctx-2 predict the next
-    double nll = 0, kl = 0, kl_max = 0;
-    int64_t n_scored = 0, n_top1 = 0;  // n_top1: tokens whose most likely next token agrees
+    struct ppl_sums s = {0};
     int64_t t0 = clock_mono_ns();
     for (int32_t w = 0; w < n_windows; w++) {
         int32_t *tok = ids + (size_t)w * n_ctx;
@@ -218,37 +272,20 @@ int cmd_perplexity(int argc, char **argv) {
         }
         err = engine_forward(m.ctx, &b, &logits);
         if (err) goto done;
-        double w_nll = 0;
-        for (int32_t o = 0; o < n_out; o++) {
-            const int32_t next = ids[(size_t)w * n_ctx + first + o];
-            log_softmax(logits + (size_t)o * n_vocab, n_vocab, lq);
-            w_nll -= lq[next];
-            if (base_path) {
-                log_softmax(base_logits + (size_t)o * n_vocab, n_vocab, lp);
-                double d = 0;
-                int32_t top_p = 0, top_q = 0;
-                for (int32_t v = 0; v < n_vocab; v++) {
-                    d += exp(lp[v]) * (lp[v] - lq[v]);
-                    if (lp[v] > lp[top_p]) top_p = v;
-                    if (lq[v] > lq[top_q]) top_q = v;
-                }
-                kl += d;
-                kl_max = d > kl_max ? d : kl_max;
-                n_top1 += top_p == top_q;
-            }
-        }
+        double w_nll = score_outputs(logits, base_logits, ids + (size_t)w * n_ctx + first, n_out,
+                                     n_vocab, lp, lq, &s);
         tok[0] = saved;
-        nll += w_nll;
-        n_scored += n_out;
+        s.nll += w_nll;
+        s.n_scored += n_out;
         fprintf(stderr, "perplexity: window %d/%d ppl %.4f (running %.4f)\n", w + 1, n_windows,
-                exp(w_nll / n_out), exp(nll / (double)n_scored));
+                exp(w_nll / n_out), exp(s.nll / (double)s.n_scored));
     }
     double secs = (double)(clock_mono_ns() - t0) / 1e9;
-    printf("ppl=%.4f n_tokens=%lld windows=%d ctx=%d", exp(nll / (double)n_scored),
-           (long long)n_scored, n_windows, n_ctx);
+    printf("ppl=%.4f n_tokens=%lld windows=%d ctx=%d", exp(s.nll / (double)s.n_scored),
+           (long long)s.n_scored, n_windows, n_ctx);
     if (base_path) {
-        printf(" kl=%.6f kl_max=%.6f top1=%.4f", kl / (double)n_scored, kl_max,
-               (double)n_top1 / (double)n_scored);
+        printf(" kl=%.6f kl_max=%.6f top1=%.4f", s.kl / (double)s.n_scored, s.kl_max,
+               (double)s.n_top1 / (double)s.n_scored);
     }
     printf(" seconds=%.1f\n", secs);
     exit_code = 0;

@@ -47,6 +47,125 @@ static void sleep_ms(int ms) {
     nanosleep(&ts, NULL);
 }
 
+/* Creates and starts the scheduler from the config; *n_blocks: the KV
+ * blocks it got. Returns 0 or the error (logged). */
+static int start_scheduler(const struct config *cfg, struct engine_model *model,
+                           struct scheduler **out, int32_t *n_blocks) {
+    struct scheduler_params sp = scheduler_default_params();
+    sp.block_size = cfg->block_size;
+    sp.kv_memory_mib = (int32_t)(cfg->kv_bytes >> 20);
+    sp.max_seqs = cfg->max_seqs;
+    sp.max_batch_tokens = cfg->max_batch_tokens;
+    sp.max_queue = cfg->max_queue;
+    sp.n_threads = cfg->n_threads;
+    sp.n_ctx = cfg->n_ctx;
+    sp.max_loras = cfg->max_loras;
+    int err = engine_kv_type_parse(cfg->kv_type, &sp.kv_type);
+    ASSERT(err == 0);  // config/ accepted only the engine's names
+    err = scheduler_create(model, &sp, out);
+    if (err) {
+        LOG_ERROR("cannot create the scheduler: %s", err_str(err));
+        return err;
+    }
+    err = scheduler_start(*out);
+    if (err) {
+        LOG_ERROR("cannot start the scheduler: %s", err_str(err));
+        return err;
+    }
+    struct scheduler_stats st;
+    scheduler_get_stats(*out, &st);
+    size_t block_bytes = engine_kv_block_bytes(model, cfg->block_size, sp.kv_type);
+    *n_blocks = st.n_blocks_total > 0 ? st.n_blocks_total
+                                      : (int32_t)(cfg->kv_bytes / (int64_t)block_bytes);
+    LOG_INFO("kv blocks=%d block_size=%d kv_type=%s block_kib=%.1f kv_mib=%.1f max_seqs=%d "
+             "max_batch_tokens=%d threads=%d blas=%s",
+             (int)*n_blocks, (int)cfg->block_size, cfg->kv_type, (double)block_bytes / 1024.0,
+             (double)block_bytes * *n_blocks / (1024.0 * 1024.0), (int)cfg->max_seqs,
+             (int)cfg->max_batch_tokens, (int)cfg->n_threads, kern_blas_init());
+    return 0;
+}
+
+/* What the routes say of the model: its name (--model-name, else file_id,
+ * the file's name, which must outlive om), the context a request gets (no
+ * more than the KV pool holds) and the chat template family (--chat-template's
+ * chat_override, else the model's). */
+static void describe_model(const struct config *cfg, struct engine_model *model, int32_t n_blocks,
+                           const char *file_id, enum chat_family chat_override,
+                           struct openai_model *om) {
+    const struct engine_model_info *info = engine_model_get_info(model);
+    om->model = model;
+    om->name = cfg->model_name ? cfg->model_name : file_id[0] ? file_id : info->name;
+    int64_t kv_tokens = (int64_t)(n_blocks > 1 ? n_blocks - 1 : 0) * cfg->block_size;
+    om->n_ctx = cfg->n_ctx > 0 ? cfg->n_ctx : info->n_ctx_train;
+    if (kv_tokens > 0 && kv_tokens < om->n_ctx) om->n_ctx = (int32_t)kv_tokens;
+    const char *tmpl = engine_model_chat_template(model);
+    int err = chat_detect(tmpl, tmpl ? strlen(tmpl) : 0, &om->chat_family);
+    if (cfg->chat_template) {
+        om->chat_family = chat_override;  // --chat-template, checked before the model loaded
+        om->has_chat = true;
+    } else if (err == ERR_NOTFOUND) {
+        om->chat_family = CHAT_FAMILY_FALLBACK;
+        om->has_chat = true;
+    } else {
+        om->has_chat = err == 0;
+    }
+    LOG_INFO("chat template=%s", om->has_chat ? chat_family_name(om->chat_family)
+                                              : "unsupported (chat requests get 400)");
+}
+
+/* Adapters of --lora, loaded before the port opens, and the runtime loader:
+ * into *loras and *loader (owned by the caller, also on failure), and app.
+ * Returns 0, or -1 when one fails to load (logged; the engine logged which
+ * file and tensor): that stops the server. */
+static int start_loras(const struct config *cfg, struct engine_model *model,
+                       struct routes_ctx *app, struct lora_registry **loras,
+                       struct lora_loader **loader) {
+    char msg[512];
+    *loras = lora_registry_create(model, app->om.name);
+    if (!*loras) return -1;
+    for (int32_t i = 0; i < cfg->n_loras; i++) {
+        int err = lora_registry_load(*loras, cfg->lora_names[i], cfg->lora_paths[i], msg,
+                                     sizeof(msg));
+        if (err) {
+            LOG_ERROR("--lora %s=%s: %s", cfg->lora_names[i], cfg->lora_paths[i], msg);
+            return -1;
+        }
+    }
+    app->loras = *loras;
+    app->allow_runtime_lora = cfg->allow_runtime_lora;
+    if (cfg->allow_runtime_lora) {
+        *loader = lora_loader_create(*loras);
+        if (!*loader) return -1;
+        app->lora_loader = *loader;
+    }
+    LOG_INFO("adapters n=%d max_loras=%d runtime_updates=%s", (int)cfg->n_loras,
+             (int)cfg->max_loras, !cfg->allow_runtime_lora ? "off"
+                                  : app->auth              ? "on (API key)"
+                                                           : "on (no API key!)");
+    return 0;
+}
+
+/* After the stop signal: new work gets 503; adapter loads first (queued ones
+ * are answered 503 at once; the one in progress cannot be interrupted and
+ * gets the grace period; one still running then, a hung file system, is
+ * given up: its client is answered 503 and the process exits without
+ * waiting for it); then the running requests get what is left of the grace.
+ * Returns whether the loader is stuck. */
+static bool drain(const struct config *cfg, struct http_server *http, struct scheduler *sched,
+                  struct lora_loader *loader) {
+    http_drain(http);
+    bool is_loader_stuck = false;
+    int64_t grace_ms = (int64_t)cfg->shutdown_grace_s * 1000;
+    int64_t t_stop_ns = clock_mono_ns();
+    if (loader) is_loader_stuck = lora_loader_stop(loader, grace_ms) == LORA_LOADER_STUCK;
+    int64_t left_ms = grace_ms - (clock_mono_ns() - t_stop_ns) / 1000000;
+    scheduler_stop(sched, left_ms > 0 ? left_ms : 0);
+    // Every sequence has finished now; give the streams a moment to write
+    // their last chunks and [DONE].
+    for (int i = 0; i < 200 && http_n_active(http) > 0; i++) sleep_ms(10);
+    return is_loader_stuck;
+}
+
 int cmd_serve(int argc, char **argv) {
     struct config cfg;
     char msg[512];
@@ -101,92 +220,22 @@ int cmd_serve(int argc, char **argv) {
     if (strstr(cfg.model_path, "synthetic") || strstr(info->name, "synthetic")) {
         LOG_WARN("this is a synthetic model: its weights are random, its output is gibberish");
     }
-
-    struct scheduler_params sp = scheduler_default_params();
-    sp.block_size = cfg.block_size;
-    sp.kv_memory_mib = (int32_t)(cfg.kv_bytes >> 20);
-    sp.max_seqs = cfg.max_seqs;
-    sp.max_batch_tokens = cfg.max_batch_tokens;
-    sp.max_queue = cfg.max_queue;
-    sp.n_threads = cfg.n_threads;
-    sp.n_ctx = cfg.n_ctx;
-    sp.max_loras = cfg.max_loras;
-    err = engine_kv_type_parse(cfg.kv_type, &sp.kv_type);
-    ASSERT(err == 0);  // config/ accepted only the engine's names
-    err = scheduler_create(model, &sp, &sched);
-    if (err) {
-        LOG_ERROR("cannot create the scheduler: %s", err_str(err));
-        goto done;
-    }
-    err = scheduler_start(sched);
-    if (err) {
-        LOG_ERROR("cannot start the scheduler: %s", err_str(err));
-        goto done;
-    }
-    struct scheduler_stats st;
-    scheduler_get_stats(sched, &st);
-    size_t block_bytes = engine_kv_block_bytes(model, cfg.block_size, sp.kv_type);
-    int32_t n_blocks = st.n_blocks_total > 0 ? st.n_blocks_total : (int32_t)(cfg.kv_bytes /
-                                                                           (int64_t)block_bytes);
-    LOG_INFO("kv blocks=%d block_size=%d kv_type=%s block_kib=%.1f kv_mib=%.1f max_seqs=%d "
-             "max_batch_tokens=%d threads=%d blas=%s",
-             (int)n_blocks, (int)cfg.block_size, cfg.kv_type, (double)block_bytes / 1024.0,
-             (double)block_bytes * n_blocks / (1024.0 * 1024.0), (int)cfg.max_seqs,
-             (int)cfg.max_batch_tokens, (int)cfg.n_threads, kern_blas_init());
+    int32_t n_blocks = 0;
+    if (start_scheduler(&cfg, model, &sched, &n_blocks) != 0) goto done;
 
     struct routes_ctx app = {
         .sched = sched,
         .model = model,
         .started_s = (int64_t)time(NULL),
     };
-    app.om.model = model;
     char file_id[256];
     openai_model_id(cfg.model_path, file_id, sizeof(file_id));
-    app.om.name = cfg.model_name ? cfg.model_name : file_id[0] ? file_id : info->name;
-    int64_t kv_tokens = (int64_t)(n_blocks > 1 ? n_blocks - 1 : 0) * cfg.block_size;
-    app.om.n_ctx = cfg.n_ctx > 0 ? cfg.n_ctx : info->n_ctx_train;
-    if (kv_tokens > 0 && kv_tokens < app.om.n_ctx) app.om.n_ctx = (int32_t)kv_tokens;
-    const char *tmpl = engine_model_chat_template(model);
-    err = chat_detect(tmpl, tmpl ? strlen(tmpl) : 0, &app.om.chat_family);
-    if (cfg.chat_template) {
-        app.om.chat_family = chat_override;  // --chat-template, checked before the model loaded
-        app.om.has_chat = true;
-    } else if (err == ERR_NOTFOUND) {
-        app.om.chat_family = CHAT_FAMILY_FALLBACK;
-        app.om.has_chat = true;
-    } else {
-        app.om.has_chat = err == 0;
-    }
-    LOG_INFO("chat template=%s", app.om.has_chat ? chat_family_name(app.om.chat_family)
-                                                 : "unsupported (chat requests get 400)");
+    describe_model(&cfg, model, n_blocks, file_id, chat_override, &app.om);
     if (cfg.n_api_keys) {
         auth = auth_create((const char *const *)cfg.api_keys, cfg.n_api_keys);
         app.auth = auth;
     }
-    // Adapters of --lora, loaded before the port opens: one that fails to load
-    // stops the server (the engine logged which file and tensor).
-    if (cfg.max_loras > 0) {
-        loras = lora_registry_create(model, app.om.name);
-        if (!loras) goto done;
-        for (int32_t i = 0; i < cfg.n_loras; i++) {
-            err = lora_registry_load(loras, cfg.lora_names[i], cfg.lora_paths[i], msg, sizeof(msg));
-            if (err) {
-                LOG_ERROR("--lora %s=%s: %s", cfg.lora_names[i], cfg.lora_paths[i], msg);
-                goto done;
-            }
-        }
-        app.loras = loras;
-        app.allow_runtime_lora = cfg.allow_runtime_lora;
-        if (cfg.allow_runtime_lora) {
-            loader = lora_loader_create(loras);
-            if (!loader) goto done;
-            app.lora_loader = loader;
-        }
-        LOG_INFO("adapters n=%d max_loras=%d runtime_updates=%s", (int)cfg.n_loras,
-                 (int)cfg.max_loras, !cfg.allow_runtime_lora ? "off"
-                                     : auth                  ? "on (API key)"
-                                                             : "on (no API key!)");
-    }
+    if (cfg.max_loras > 0 && start_loras(&cfg, model, &app, &loras, &loader) != 0) goto done;
 
     struct http_params hp = http_default_params();
     hp.host = cfg.host;
@@ -209,19 +258,7 @@ int cmd_serve(int argc, char **argv) {
     LOG_INFO("%s: shutting down, grace=%ds, requests in progress=%d",
              sig == SIGINT ? "SIGINT" : "SIGTERM", (int)cfg.shutdown_grace_s,
              (int)http_n_active(http));
-    http_drain(http);
-    // Adapter loads first: queued ones are answered (503) at once; the one in
-    // progress cannot be interrupted and gets the grace period. One still
-    // running then (a hung file system) is given up: its client is answered
-    // 503 and the process exits without waiting for it.
-    int64_t grace_ms = (int64_t)cfg.shutdown_grace_s * 1000;
-    int64_t t_stop_ns = clock_mono_ns();
-    if (loader) is_loader_stuck = lora_loader_stop(loader, grace_ms) == LORA_LOADER_STUCK;
-    int64_t left_ms = grace_ms - (clock_mono_ns() - t_stop_ns) / 1000000;
-    scheduler_stop(sched, left_ms > 0 ? left_ms : 0);
-    // Every sequence has finished now; give the streams a moment to write
-    // their last chunks and [DONE].
-    for (int i = 0; i < 200 && http_n_active(http) > 0; i++) sleep_ms(10);
+    is_loader_stuck = drain(&cfg, http, sched, loader);
     status = 0;
 
 done:

@@ -769,11 +769,10 @@ done:
 
 /* ---- bottleneck adapter directories (docs/adapters.md) ------------------------ */
 
-static int load_bottleneck(struct engine_adapter *a, const char *dir, const json_t *root) {
-    const struct engine_model *m = a->model;
-    const struct hparams *hp = &m->hp;
-    char path[LORA_PATH_MAX];
-    snprintf(path, sizeof(path), "%s/adapter_config.json", dir);
+/* adapter_config.json's bottleneck_size (*width), non_linearity and scaling
+ * into a and *scaling. path: the config's, for messages. */
+static int bottleneck_config(struct engine_adapter *a, const char *path, const json_t *root,
+                             int32_t *width, double *scaling) {
     const json_t *w = json_object_get(root, "bottleneck_size");
     if (!json_is_integer(w) || json_integer_value(w) < 1 ||
         json_integer_value(w) > LORA_MAX_RANK) {
@@ -781,12 +780,12 @@ static int load_bottleneck(struct engine_adapter *a, const char *dir, const json
                   LORA_MAX_RANK);
         return ERR_FORMAT;
     }
-    const int32_t width = (int32_t)json_integer_value(w);
+    *width = (int32_t)json_integer_value(w);
     const char *act = NULL;
-    double scaling = 1.0;
+    *scaling = 1.0;
     int err;
     if ((err = cfg_string(path, root, "non_linearity", &act)) ||
-        (err = cfg_number(path, root, "scaling", &scaling))) {
+        (err = cfg_number(path, root, "scaling", scaling))) {
         return err;
     }
     if (!act || strcmp(act, "relu") == 0) {
@@ -802,9 +801,109 @@ static int load_bottleneck(struct engine_adapter *a, const char *dir, const json
     }
     a->info.kind = ENGINE_ADAPTER_BOTTLENECK;
     a->info.format = "bottleneck";
-    a->info.rank = width;
-    a->info.scale = (float)scaling;
+    a->info.rank = *width;
+    a->info.scale = (float)*scaling;
+    return 0;
+}
 
+/* The module at (il, pos) from f, if any of its four tensors is there: both
+ * weights required, shapes checked, into a->bn; *n_used counts its tensors.
+ * path: the safetensors file's, for messages. */
+static int bottleneck_module(struct engine_adapter *a, const struct safetensors_file *f,
+                             const char *path, int32_t il, int pos, int32_t width, double scaling,
+                             int64_t *n_used) {
+    const int32_t n_embd = a->model->hp.n_embd;
+    char nd[96], nu[96], ndb[96], nub[96];
+    snprintf(nd, sizeof(nd), "layers.%d.%s.down.weight", il, pos_name[pos]);
+    snprintf(nu, sizeof(nu), "layers.%d.%s.up.weight", il, pos_name[pos]);
+    snprintf(ndb, sizeof(ndb), "layers.%d.%s.down.bias", il, pos_name[pos]);
+    snprintf(nub, sizeof(nub), "layers.%d.%s.up.bias", il, pos_name[pos]);
+    const struct safetensors_tensor *D = safetensors_find(f, nd);
+    const struct safetensors_tensor *U = safetensors_find(f, nu);
+    const struct safetensors_tensor *Db = safetensors_find(f, ndb);
+    const struct safetensors_tensor *Ub = safetensors_find(f, nub);
+    if (!D && !U && !Db && !Ub) return 0;
+    if (!D || !U) {
+        LOG_ERROR("%s: %s: tensor '%s' is missing (the module has '%s')", __func__, path,
+                  D ? nu : nd, D ? nd : (U ? nu : (Db ? ndb : nub)));
+        return ERR_FORMAT;
+    }
+    const struct {
+        const struct safetensors_tensor *t;
+        const char *name;
+        int64_t rows, cols;  // cols 0: a vector of rows
+    } want[4] = {{D, nd, width, n_embd}, {U, nu, n_embd, width}, {Db, ndb, width, 0},
+                 {Ub, nub, n_embd, 0}};
+    for (int k = 0; k < 4; k++) {
+        const struct safetensors_tensor *t = want[k].t;
+        if (!t) continue;
+        const bool ok = want[k].cols ? st_is_matrix(t, want[k].rows, want[k].cols)
+                                     : t->n_dims == 1 && t->shape[0] == want[k].rows;
+        if (!ok) {
+            LOG_ERROR("%s: %s: tensor '%s' has %d dimensions [%lld, %lld], expected "
+                      "[%lld%s%lld] (bottleneck_size %d, n_embd %d)", __func__, path,
+                      want[k].name, (int)t->n_dims, (long long)t->shape[0],
+                      (long long)t->shape[1], (long long)want[k].rows,
+                      want[k].cols ? ", " : "", want[k].cols ? (long long)want[k].cols : 0LL,
+                      width, n_embd);
+            return ERR_FORMAT;
+        }
+        (*n_used)++;
+    }
+    struct adapter_bottleneck *b = &a->bn[(size_t)il * ADAPTER_POS_COUNT + pos];
+    b->width = width;
+    b->n_embd = n_embd;
+    b->scale = (float)scaling;
+    b->down_b = calloc((size_t)width, sizeof(float));
+    b->up_b = calloc((size_t)n_embd, sizeof(float));
+    if (!b->down_b || !b->up_b) return ERR_NOMEM;
+    if (Db) safetensors_to_f32(Db, b->down_b);
+    if (Ub) {
+        safetensors_to_f32(Ub, b->up_b);
+        for (int32_t i = 0; i < n_embd; i++) b->up_b[i] *= b->scale;
+    }
+    a->info.bytes += ((size_t)width + (size_t)n_embd) * sizeof(float);
+    const struct mat_src md = st_mat(D);
+    const struct mat_src mu = st_mat(U);
+    int err;
+    if ((err = make_rows(&md, &b->down, &b->down_type, &a->info.bytes)) ||
+        (err = make_panels(&mu, 0, &b->up, &b->up_type, &a->info.bytes))) {
+        return err;
+    }
+    a->max_width = width;
+    a->info.n_targets++;
+    return 0;
+}
+
+/* Logs the first tensor of f that is not part of any module. */
+static void name_stray_tensor(const struct safetensors_file *f, const char *path,
+                              int32_t n_layer) {
+    for (int64_t i = 0; i < safetensors_n_tensors(f); i++) {
+        const char *name = safetensors_tensor_at(f, i)->name;
+        const char *s = name;
+        int32_t il = -1;
+        bool ok = skip_prefix(&s, "layers.") && parse_index(&s, &il) && il < n_layer &&
+                  skip_prefix(&s, ".") &&
+                  (skip_prefix(&s, "attn_adapter.") || skip_prefix(&s, "ffn_adapter.")) &&
+                  (strcmp(s, "down.weight") == 0 || strcmp(s, "up.weight") == 0 ||
+                   strcmp(s, "down.bias") == 0 || strcmp(s, "up.bias") == 0);
+        if (!ok) {
+            LOG_ERROR("%s: %s: tensor '%.200s' is not part of a bottleneck module (names: "
+                      "layers.N.{attn,ffn}_adapter.{down,up}.{weight,bias}, N < %d)",
+                      __func__, path, name, n_layer);
+            return;
+        }
+    }
+}
+
+static int load_bottleneck(struct engine_adapter *a, const char *dir, const json_t *root) {
+    const struct hparams *hp = &a->model->hp;
+    char path[LORA_PATH_MAX];
+    snprintf(path, sizeof(path), "%s/adapter_config.json", dir);
+    int32_t width = 0;
+    double scaling = 1.0;
+    int err = bottleneck_config(a, path, root, &width, &scaling);
+    if (err) return err;
     if (snprintf(path, sizeof(path), "%s/adapter_model.safetensors", dir) >= (int)sizeof(path)) {
         LOG_ERROR("%s: %s: path too long", __func__, dir);
         return ERR_IO;
@@ -820,92 +919,14 @@ static int load_bottleneck(struct engine_adapter *a, const char *dir, const json
     }
     // Every tensor must be one of the four of some module; count what is used.
     int64_t n_used = 0;
-    const int32_t n_embd = hp->n_embd;
     for (int32_t il = 0; il < hp->n_layer; il++) {
         for (int pos = 0; pos < ADAPTER_POS_COUNT; pos++) {
-            char nd[96], nu[96], ndb[96], nub[96];
-            snprintf(nd, sizeof(nd), "layers.%d.%s.down.weight", il, pos_name[pos]);
-            snprintf(nu, sizeof(nu), "layers.%d.%s.up.weight", il, pos_name[pos]);
-            snprintf(ndb, sizeof(ndb), "layers.%d.%s.down.bias", il, pos_name[pos]);
-            snprintf(nub, sizeof(nub), "layers.%d.%s.up.bias", il, pos_name[pos]);
-            const struct safetensors_tensor *D = safetensors_find(f, nd);
-            const struct safetensors_tensor *U = safetensors_find(f, nu);
-            const struct safetensors_tensor *Db = safetensors_find(f, ndb);
-            const struct safetensors_tensor *Ub = safetensors_find(f, nub);
-            if (!D && !U && !Db && !Ub) continue;
-            if (!D || !U) {
-                LOG_ERROR("%s: %s: tensor '%s' is missing (the module has '%s')", __func__,
-                          path, D ? nu : nd, D ? nd : (U ? nu : (Db ? ndb : nub)));
-                err = ERR_FORMAT;
-                goto done;
-            }
-            const struct {
-                const struct safetensors_tensor *t;
-                const char *name;
-                int64_t rows, cols;  // cols 0: a vector of rows
-            } want[4] = {{D, nd, width, n_embd}, {U, nu, n_embd, width}, {Db, ndb, width, 0},
-                         {Ub, nub, n_embd, 0}};
-            for (int k = 0; k < 4; k++) {
-                const struct safetensors_tensor *t = want[k].t;
-                if (!t) continue;
-                const bool ok = want[k].cols ? st_is_matrix(t, want[k].rows, want[k].cols)
-                                             : t->n_dims == 1 && t->shape[0] == want[k].rows;
-                if (!ok) {
-                    LOG_ERROR("%s: %s: tensor '%s' has %d dimensions [%lld, %lld], expected "
-                              "[%lld%s%lld] (bottleneck_size %d, n_embd %d)", __func__, path,
-                              want[k].name, (int)t->n_dims, (long long)t->shape[0],
-                              (long long)t->shape[1], (long long)want[k].rows,
-                              want[k].cols ? ", " : "", want[k].cols ? (long long)want[k].cols : 0LL,
-                              width, n_embd);
-                    err = ERR_FORMAT;
-                    goto done;
-                }
-                n_used++;
-            }
-            struct adapter_bottleneck *b = &a->bn[(size_t)il * ADAPTER_POS_COUNT + pos];
-            b->width = width;
-            b->n_embd = n_embd;
-            b->scale = (float)scaling;
-            b->down_b = calloc((size_t)width, sizeof(float));
-            b->up_b = calloc((size_t)n_embd, sizeof(float));
-            if (!b->down_b || !b->up_b) {
-                err = ERR_NOMEM;
-                goto done;
-            }
-            if (Db) safetensors_to_f32(Db, b->down_b);
-            if (Ub) {
-                safetensors_to_f32(Ub, b->up_b);
-                for (int32_t i = 0; i < n_embd; i++) b->up_b[i] *= b->scale;
-            }
-            a->info.bytes += ((size_t)width + (size_t)n_embd) * sizeof(float);
-            const struct mat_src md = st_mat(D);
-            const struct mat_src mu = st_mat(U);
-            if ((err = make_rows(&md, &b->down, &b->down_type, &a->info.bytes)) ||
-                (err = make_panels(&mu, 0, &b->up, &b->up_type, &a->info.bytes))) {
-                goto done;
-            }
-            a->max_width = width;
-            a->info.n_targets++;
+            err = bottleneck_module(a, f, path, il, pos, width, scaling, &n_used);
+            if (err) goto done;
         }
     }
     if (n_used != safetensors_n_tensors(f)) {
-        // Name the first tensor that is not part of any module.
-        for (int64_t i = 0; i < safetensors_n_tensors(f); i++) {
-            const char *name = safetensors_tensor_at(f, i)->name;
-            const char *s = name;
-            int32_t il = -1;
-            bool ok = skip_prefix(&s, "layers.") && parse_index(&s, &il) && il < hp->n_layer &&
-                      skip_prefix(&s, ".") &&
-                      (skip_prefix(&s, "attn_adapter.") || skip_prefix(&s, "ffn_adapter.")) &&
-                      (strcmp(s, "down.weight") == 0 || strcmp(s, "up.weight") == 0 ||
-                       strcmp(s, "down.bias") == 0 || strcmp(s, "up.bias") == 0);
-            if (!ok) {
-                LOG_ERROR("%s: %s: tensor '%.200s' is not part of a bottleneck module (names: "
-                          "layers.N.{attn,ffn}_adapter.{down,up}.{weight,bias}, N < %d)",
-                          __func__, path, name, hp->n_layer);
-                break;
-            }
-        }
+        name_stray_tensor(f, path, hp->n_layer);
         err = ERR_FORMAT;
         goto done;
     }

@@ -270,49 +270,42 @@ static void convert_rows(void *arg, int64_t r0, int64_t r1, int32_t ith, int32_t
 
 static char *name_z(struct gguf_str s, char *buf, size_t n) { return gguf_str_copy(s, buf, n); }
 
-int quantize_model(const struct quantize_params *p) {
-    struct gguf_file *in = NULL;
-    struct writer w = {.fp = NULL, .path = p->out_path, .err = 0};
-    struct threadpool *pool = NULL;
-    float **rows = NULL;
-    enum quant_type *types = NULL;
-    uint8_t *buf = NULL;
-    bool created = false;
-    int32_t n_threads = p->n_threads > 0 ? p->n_threads : 1;
-    int err = gguf_open(p->in_path, &in);
-    if (err) return err;
-
-    const int64_t n_tensors = gguf_n_tensors(in);
+/* What the type mixes ask of the whole model (layers, heads, attn_v count,
+ * a separate output), and the longest row any tensor has. */
+static void read_shape(const struct gguf_file *in, struct quantize_model_shape *shape,
+                       int64_t *max_ne0) {
     struct gguf_str arch = {0};
     char key[128], name[256];
-    struct quantize_model_shape shape = {0};
+    *shape = (struct quantize_model_shape){0};
     if (gguf_get_str(in, "general.architecture", &arch) == 0 && arch.len < 64) {
         uint32_t v = 0;
         snprintf(key, sizeof(key), "%.*s.block_count", (int)arch.len, arch.data);
-        if (gguf_get_u32(in, key, &v) == 0) shape.n_layer = (int32_t)v;
+        if (gguf_get_u32(in, key, &v) == 0) shape->n_layer = (int32_t)v;
         snprintf(key, sizeof(key), "%.*s.attention.head_count", (int)arch.len, arch.data);
-        if (gguf_get_u32(in, key, &v) == 0) shape.n_head = (int32_t)v;
-        shape.n_head_kv = shape.n_head;
+        if (gguf_get_u32(in, key, &v) == 0) shape->n_head = (int32_t)v;
+        shape->n_head_kv = shape->n_head;
         snprintf(key, sizeof(key), "%.*s.attention.head_count_kv", (int)arch.len, arch.data);
-        if (gguf_get_u32(in, key, &v) == 0) shape.n_head_kv = (int32_t)v;
+        if (gguf_get_u32(in, key, &v) == 0) shape->n_head_kv = (int32_t)v;
     }
-    int64_t max_ne0 = 1;
-    for (int64_t i = 0; i < n_tensors; i++) {
+    *max_ne0 = 1;
+    for (int64_t i = 0; i < gguf_n_tensors(in); i++) {
         const struct gguf_tensor_info *ti = gguf_tensor_at(in, i);
         name_z(ti->name, name, sizeof(name));
-        if (ends_with(name, "attn_v.weight")) shape.n_attn_v++;
-        if (strcmp(name, "output.weight") == 0) shape.has_output = 1;
-        if (ti->ne[0] > max_ne0) max_ne0 = ti->ne[0];
+        if (ends_with(name, "attn_v.weight")) shape->n_attn_v++;
+        if (strcmp(name, "output.weight") == 0) shape->has_output = 1;
+        if (ti->ne[0] > *max_ne0) *max_ne0 = ti->ne[0];
     }
+}
 
-    // Decide every tensor's type first, so a bad input fails before writing.
-    types = calloc((size_t)n_tensors + 1, sizeof(*types));
-    if (!types) {
-        err = ERR_NOMEM;
-        goto fail;
-    }
+/* Every tensor's output type into types[], so a bad input fails before
+ * anything is written: matrices get the mix's type, the rest keep theirs.
+ * Returns 0 or ERR_UNSUPPORTED (logged) for a matrix that is not f32, f16
+ * or bf16. */
+static int choose_types(const struct gguf_file *in, const struct quantize_params *p,
+                        const struct quantize_model_shape *shape, enum quant_type *types) {
+    char name[256];
     int32_t i_attn_v = 0;
-    for (int64_t i = 0; i < n_tensors; i++) {
+    for (int64_t i = 0; i < gguf_n_tensors(in); i++) {
         const struct gguf_tensor_info *ti = gguf_tensor_at(in, i);
         name_z(ti->name, name, sizeof(name));
         const bool is_matrix = ti->n_dims >= 2 && ends_with(name, ".weight");
@@ -323,12 +316,120 @@ int quantize_model(const struct quantize_params *p) {
         if (ti->type != QUANT_F32 && ti->type != QUANT_F16 && ti->type != QUANT_BF16) {
             LOG_ERROR("%s: tensor '%s' has type %s; quantize reads f32, f16 or bf16 matrices",
                       p->in_path, name, quant_name(ti->type));
-            err = ERR_UNSUPPORTED;
-            goto fail;
+            return ERR_UNSUPPORTED;
         }
-        types[i] = quantize_tensor_type(p->ftype, name, ti->ne[0], i_attn_v, &shape);
+        types[i] = quantize_tensor_type(p->ftype, name, ti->ne[0], i_attn_v, shape);
         if (ends_with(name, "attn_v.weight")) i_attn_v++;
     }
+    return 0;
+}
+
+/* The output's header: GGUF v3, the input's metadata with general.file_type
+ * and general.quantization_version set, the tensor infos with their new types
+ * and aligned offsets, and the padding up to the data. Write errors stay in
+ * w->err; returns 0 or an error of put_kv() or ftell(). */
+static int write_header(struct writer *w, const struct gguf_file *in,
+                        const struct quantize_params *p, const enum quant_type *types) {
+    const int64_t n_tensors = gguf_n_tensors(in);
+    const uint32_t alignment = gguf_alignment(in);
+    int64_t n_kv = gguf_n_kv(in);
+    bool has_ftype = false, has_qver = false;
+    for (int64_t i = 0; i < n_kv; i++) {
+        has_ftype |= key_is(gguf_kv_at(in, i), "general.file_type");
+        has_qver |= key_is(gguf_kv_at(in, i), "general.quantization_version");
+    }
+    // header: magic, version 3, tensor count, metadata count
+    put_u32(w, GGUF_MAGIC);
+    put_u32(w, 3);
+    put_u64(w, (uint64_t)n_tensors);
+    put_u64(w, (uint64_t)(n_kv + !has_ftype + !has_qver));
+    for (int64_t i = 0; i < n_kv; i++) {
+        const struct gguf_kv *kv = gguf_kv_at(in, i);
+        if (key_is(kv, "general.file_type")) {
+            put_kv_u32(w, "general.file_type", (uint32_t)p->ftype);
+        } else if (key_is(kv, "general.quantization_version")) {
+            put_kv_u32(w, "general.quantization_version", 2);
+        } else {
+            int err = put_kv(w, kv);
+            if (err) return err;
+        }
+    }
+    if (!has_ftype) put_kv_u32(w, "general.file_type", (uint32_t)p->ftype);
+    if (!has_qver) put_kv_u32(w, "general.quantization_version", 2);
+    // tensor infos, data offsets aligned
+    uint64_t offset = 0;
+    for (int64_t i = 0; i < n_tensors; i++) {
+        const struct gguf_tensor_info *ti = gguf_tensor_at(in, i);
+        put_str(w, ti->name.data, ti->name.len);
+        put_u32(w, ti->n_dims);
+        for (uint32_t d = 0; d < ti->n_dims; d++) put_u64(w, (uint64_t)ti->ne[d]);
+        put_u32(w, (uint32_t)types[i]);
+        put_u64(w, offset);
+        int64_t n_rows = ti->ne[1] * ti->ne[2] * ti->ne[3];
+        offset += (quant_row_size(types[i], ti->ne[0]) * (size_t)n_rows + alignment - 1) /
+                  alignment * alignment;
+    }
+    static const uint8_t zeros[256];
+    long pos = ftell(w->fp);
+    if (pos < 0) return ERR_IO;
+    put(w, zeros, (alignment - (uint64_t)pos % alignment) % alignment);
+    return 0;
+}
+
+/* Every tensor's data, converted on the pool (rows: one f32 row per thread)
+ * where its type changes, each padded to the alignment. Write errors stay in
+ * w->err; returns 0 or ERR_NOMEM. */
+static int write_tensors(struct writer *w, const struct gguf_file *in,
+                         const enum quant_type *types, struct threadpool *pool, float **rows) {
+    static const uint8_t zeros[256];
+    const uint32_t alignment = gguf_alignment(in);
+    char name[256];
+    for (int64_t i = 0; i < gguf_n_tensors(in) && !w->err; i++) {
+        const struct gguf_tensor_info *ti = gguf_tensor_at(in, i);
+        name_z(ti->name, name, sizeof(name));
+        const int64_t n_rows = ti->ne[1] * ti->ne[2] * ti->ne[3];
+        const size_t out_row = quant_row_size(types[i], ti->ne[0]);
+        const size_t nbytes = out_row * (size_t)n_rows;
+        if (types[i] == (enum quant_type)ti->type) {
+            put(w, ti->data, nbytes);
+        } else {
+            uint8_t *buf = malloc(nbytes);
+            if (!buf) return ERR_NOMEM;
+            struct convert_job job = {.ti = ti, .out_type = types[i], .out = buf,
+                                      .in_row = quant_row_size(ti->type, ti->ne[0]),
+                                      .out_row = out_row, .rows = rows};
+            threadpool_run(pool, n_rows, 1, convert_rows, &job);
+            put(w, buf, nbytes);
+            free(buf);
+        }
+        put(w, zeros, (alignment - nbytes % alignment) % alignment);
+        LOG_INFO("%-28s [%lld, %lld] %s -> %s", name, (long long)ti->ne[0], (long long)n_rows,
+                 quant_name(ti->type), quant_name(types[i]));
+    }
+    return 0;
+}
+
+int quantize_model(const struct quantize_params *p) {
+    struct gguf_file *in = NULL;
+    struct writer w = {.fp = NULL, .path = p->out_path, .err = 0};
+    struct threadpool *pool = NULL;
+    float **rows = NULL;
+    enum quant_type *types = NULL;
+    bool created = false;
+    int32_t n_threads = p->n_threads > 0 ? p->n_threads : 1;
+    int err = gguf_open(p->in_path, &in);
+    if (err) return err;
+
+    struct quantize_model_shape shape;
+    int64_t max_ne0;
+    read_shape(in, &shape, &max_ne0);
+    types = calloc((size_t)gguf_n_tensors(in) + 1, sizeof(*types));
+    if (!types) {
+        err = ERR_NOMEM;
+        goto fail;
+    }
+    err = choose_types(in, p, &shape, types);
+    if (err) goto fail;
 
     pool = threadpool_create(n_threads);
     rows = calloc((size_t)n_threads, sizeof(*rows));
@@ -352,78 +453,9 @@ int quantize_model(const struct quantize_params *p) {
         goto fail;
     }
     created = true;
-    const uint32_t alignment = gguf_alignment(in);
-    int64_t n_kv = gguf_n_kv(in);
-    bool has_ftype = false, has_qver = false;
-    for (int64_t i = 0; i < n_kv; i++) {
-        has_ftype |= key_is(gguf_kv_at(in, i), "general.file_type");
-        has_qver |= key_is(gguf_kv_at(in, i), "general.quantization_version");
-    }
-    // header: magic, version 3, tensor count, metadata count
-    put_u32(&w, GGUF_MAGIC);
-    put_u32(&w, 3);
-    put_u64(&w, (uint64_t)n_tensors);
-    put_u64(&w, (uint64_t)(n_kv + !has_ftype + !has_qver));
-    for (int64_t i = 0; i < n_kv; i++) {
-        const struct gguf_kv *kv = gguf_kv_at(in, i);
-        if (key_is(kv, "general.file_type")) {
-            put_kv_u32(&w, "general.file_type", (uint32_t)p->ftype);
-        } else if (key_is(kv, "general.quantization_version")) {
-            put_kv_u32(&w, "general.quantization_version", 2);
-        } else {
-            err = put_kv(&w, kv);
-            if (err) goto fail;
-        }
-    }
-    if (!has_ftype) put_kv_u32(&w, "general.file_type", (uint32_t)p->ftype);
-    if (!has_qver) put_kv_u32(&w, "general.quantization_version", 2);
-    // tensor infos, data offsets aligned
-    uint64_t offset = 0;
-    for (int64_t i = 0; i < n_tensors; i++) {
-        const struct gguf_tensor_info *ti = gguf_tensor_at(in, i);
-        put_str(&w, ti->name.data, ti->name.len);
-        put_u32(&w, ti->n_dims);
-        for (uint32_t d = 0; d < ti->n_dims; d++) put_u64(&w, (uint64_t)ti->ne[d]);
-        put_u32(&w, (uint32_t)types[i]);
-        put_u64(&w, offset);
-        int64_t n_rows = ti->ne[1] * ti->ne[2] * ti->ne[3];
-        offset += (quant_row_size(types[i], ti->ne[0]) * (size_t)n_rows + alignment - 1) /
-                  alignment * alignment;
-    }
-    static const uint8_t zeros[256];
-    long pos = ftell(w.fp);
-    if (pos < 0) {
-        err = ERR_IO;
-        goto fail;
-    }
-    put(&w, zeros, (alignment - (uint64_t)pos % alignment) % alignment);
-    for (int64_t i = 0; i < n_tensors && !w.err; i++) {
-        const struct gguf_tensor_info *ti = gguf_tensor_at(in, i);
-        name_z(ti->name, name, sizeof(name));
-        const int64_t n_rows = ti->ne[1] * ti->ne[2] * ti->ne[3];
-        const size_t out_row = quant_row_size(types[i], ti->ne[0]);
-        const size_t nbytes = out_row * (size_t)n_rows;
-        if (types[i] == (enum quant_type)ti->type) {
-            put(&w, ti->data, nbytes);
-        } else {
-            buf = malloc(nbytes);
-            if (!buf) {
-                err = ERR_NOMEM;
-                goto fail;
-            }
-            struct convert_job job = {.ti = ti, .out_type = types[i], .out = buf,
-                                      .in_row = quant_row_size(ti->type, ti->ne[0]),
-                                      .out_row = out_row, .rows = rows};
-            threadpool_run(pool, n_rows, 1, convert_rows, &job);
-            put(&w, buf, nbytes);
-            free(buf);
-            buf = NULL;
-        }
-        put(&w, zeros, (alignment - nbytes % alignment) % alignment);
-        LOG_INFO("%-28s [%lld, %lld] %s -> %s", name, (long long)ti->ne[0], (long long)n_rows,
-                 quant_name(ti->type), quant_name(types[i]));
-    }
-    err = w.err;
+    err = write_header(&w, in, p, types);
+    if (!err) err = write_tensors(&w, in, types, pool, rows);
+    if (!err) err = w.err;
     if (err) goto fail;
     if (fclose(w.fp) != 0) {
         w.fp = NULL;
@@ -437,7 +469,6 @@ int quantize_model(const struct quantize_params *p) {
 fail:
     if (w.fp) fclose(w.fp);
     if (err && created) remove(p->out_path);  // no half-written model left behind
-    free(buf);
     if (rows) {
         for (int32_t t = 0; t < n_threads; t++) free(rows[t]);
     }
