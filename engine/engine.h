@@ -38,7 +38,9 @@ struct engine_ctx;
 /* ---- model ------------------------------------------------------------ */
 
 struct engine_model_params {
-    const char *path;  // GGUF file
+    const char *path;    // GGUF file
+    bool show_progress;  // show the weight packing's progress on the log fd
+                         // (engine/base/progress.h); default false
 };
 
 struct engine_model_params engine_model_default_params(void);

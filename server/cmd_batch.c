@@ -32,6 +32,7 @@
 #include "engine/base/err.h"
 #include "engine/base/file.h"
 #include "engine/base/log.h"
+#include "engine/base/progress.h"
 #include "engine/engine.h"
 #include "scheduler/scheduler.h"
 #include "server/cmd.h"
@@ -427,7 +428,10 @@ static void run_lines(struct batch_run *r, int32_t arrival_ms) {
     r->t_last_first_ns = r->t0;
     r->n_left = r->n_lines;
     int64_t i_next = 0;  // next line to submit
+    struct progress pr;  // over the requests finished
+    progress_begin(&pr, "batch", r->n_lines, "req", 1);
     while (r->n_left > 0) {
+        progress_update(&pr, r->n_lines - r->n_left);
         submit_due(r, arrival_ms, &i_next);
         if (!scheduler_has_work(r->s)) {
             if (i_next >= r->n_lines) break;
@@ -443,6 +447,8 @@ static void run_lines(struct batch_run *r, int32_t arrival_ms) {
         if (n < 0) LOG_WARN("step failed: %s", err_str(n));
         collect(r, i_next);
     }
+    progress_update(&pr, r->n_lines - r->n_left);
+    progress_end(&pr);
 }
 
 static void release_loras(struct batch_loras *lo, int32_t n) {
@@ -466,6 +472,7 @@ int cmd_batch(int argc, char **argv) {
     }
     struct engine_model_params mp = engine_model_default_params();
     mp.path = o.model_path;
+    mp.show_progress = true;
     struct engine_model *model = NULL;
     err = engine_model_load(&mp, &model);
     const int32_t n_ctx_train = model ? engine_model_get_info(model)->n_ctx_train : 0;

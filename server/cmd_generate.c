@@ -593,6 +593,7 @@ int cmd_generate(int argc, char **argv) {
     int64_t t0 = clock_mono_ns();
     struct engine_model_params mp = engine_model_default_params();
     mp.path = o.model;
+    mp.show_progress = true;
     struct generate_run g = {0};
     int err = engine_model_load(&mp, &g.model);
     if (err) {

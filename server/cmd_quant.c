@@ -23,6 +23,7 @@
 #include "engine/base/file.h"
 #define LOG_TAG "cmd"
 #include "engine/base/log.h"
+#include "engine/base/progress.h"
 #include "engine/engine.h"
 #include "engine/model/quantize.h"
 #include "engine/text/tokenizer.h"
@@ -53,7 +54,8 @@ int cmd_quantize(int argc, char **argv) {
     }
     if (n_threads <= 0) n_threads = 2;
     struct quantize_params p = {.in_path = argv[optind], .out_path = argv[optind + 1],
-                                .ftype = (enum quantize_ftype)ftype, .n_threads = n_threads};
+                                .ftype = (enum quantize_ftype)ftype, .n_threads = n_threads,
+                                .show_progress = true};
     int64_t t0 = clock_mono_ns();
     int err = quantize_model(&p);
     if (err) {
@@ -77,6 +79,7 @@ static int ppl_open(const char *path, int32_t n_ctx, int32_t n_threads,
     memset(out, 0, sizeof(*out));
     struct engine_model_params mp = engine_model_default_params();
     mp.path = path;
+    mp.show_progress = true;
     int err = engine_model_load(&mp, &out->model);
     if (err) return err;
     out->n_vocab = engine_model_get_info(out->model)->n_vocab;
@@ -208,6 +211,7 @@ int cmd_perplexity(int argc, char **argv) {
     int8_t *outf = NULL;
     double *lp = NULL, *lq = NULL;
     float *base_logits = NULL;
+    struct progress pr = {.mode = PROGRESS_OFF};  // over the tokens of all windows
     int err = file_map(po.text_path, &text);
     if (err) goto done;
     err = ppl_open(po.model_path, n_ctx, po.n_threads, po.kv_type, &m);
@@ -253,6 +257,7 @@ int cmd_perplexity(int argc, char **argv) {
     const int32_t first = n_ctx / 2;  // scored: positions first .. n_ctx-2 predict the next
     struct ppl_sums s = {0};
     int64_t t0 = clock_mono_ns();
+    progress_begin(&pr, "perplexity", (int64_t)n_windows * n_ctx, "tok", 1);
     for (int32_t w = 0; w < n_windows; w++) {
         int32_t *tok = ids + (size_t)w * n_ctx;
         const int32_t saved = tok[0];
@@ -277,9 +282,12 @@ int cmd_perplexity(int argc, char **argv) {
         tok[0] = saved;
         s.nll += w_nll;
         s.n_scored += n_out;
-        fprintf(stderr, "perplexity: window %d/%d ppl %.4f (running %.4f)\n", w + 1, n_windows,
-                exp(w_nll / n_out), exp(s.nll / (double)s.n_scored));
+        progress_printf(&pr, "perplexity: window %d/%d ppl %.4f (running %.4f)", w + 1,
+                        n_windows, exp(w_nll / n_out), exp(s.nll / (double)s.n_scored));
+        progress_note(&pr, "ppl %.4f", exp(s.nll / (double)s.n_scored));
+        progress_update(&pr, (int64_t)(w + 1) * n_ctx);
     }
+    progress_end(&pr);
     double secs = (double)(clock_mono_ns() - t0) / 1e9;
     printf("ppl=%.4f n_tokens=%lld windows=%d ctx=%d", exp(s.nll / (double)s.n_scored),
            (long long)s.n_scored, n_windows, n_ctx);
@@ -291,6 +299,7 @@ int cmd_perplexity(int argc, char **argv) {
     exit_code = 0;
 
 done:
+    progress_end(&pr);
     if (err) fprintf(stderr, "perplexity: failed: %s\n", err_str(err));
     free(ids);
     free(pos);

@@ -210,6 +210,7 @@ int cmd_serve(int argc, char **argv) {
     int64_t t0 = clock_mono_ns();
     struct engine_model_params mp = engine_model_default_params();
     mp.path = cfg.model_path;
+    mp.show_progress = true;
     err = engine_model_load(&mp, &model);
     if (err) {
         LOG_ERROR("cannot load model %s: %s", cfg.model_path, err_str(err));

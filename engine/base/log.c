@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -14,6 +15,13 @@
 
 enum log_level log_level_current = LOG_LEVEL_INFO;
 static int log_fd = 2;
+static atomic_bool log_bar_drawn;  // a progress bar is on the log fd's last line
+
+void log_bar_set_drawn(bool is_drawn) { atomic_store(&log_bar_drawn, is_drawn); }
+
+bool log_bar_is_drawn(void) { return atomic_load(&log_bar_drawn); }
+
+int log_get_fd(void) { return log_fd; }
 
 void log_set_level(enum log_level level) { log_level_current = level; }
 
@@ -33,15 +41,20 @@ int log_level_parse(const char *name, enum log_level *out) {
 void log_write(enum log_level level, const char *tag, const char *fmt, ...) {
     static const char *const level_names[] = {"ERROR", "WARN ", "INFO ", "DEBUG"};
     char line[2048];
+    size_t len = 0;
+    if (atomic_exchange(&log_bar_drawn, false)) {
+        memcpy(line, "\r\033[K", 4);  // erase the progress bar this line replaces
+        len = 4;
+    }
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     struct tm tm;
     gmtime_r(&ts.tv_sec, &tm);
-    int n = snprintf(line, sizeof(line), "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ %s %s: ",
+    int n = snprintf(line + len, sizeof(line) - len, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ %s %s: ",
                      tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
                      tm.tm_sec, (int)(ts.tv_nsec / 1000000), level_names[level], tag);
     if (n < 0) return;
-    size_t len = (size_t)n < sizeof(line) ? (size_t)n : sizeof(line) - 1;
+    len = len + (size_t)n < sizeof(line) ? len + (size_t)n : sizeof(line) - 1;
     va_list ap;
     va_start(ap, fmt);
     int m = vsnprintf(line + len, sizeof(line) - len, fmt, ap);

@@ -32,6 +32,16 @@ int log_level_parse(const char *name, enum log_level *out);
 /* Redirects output to fd (default 2). [before start] */
 void log_set_fd(int fd);
 
+/* The fd lines go to. [any thread] */
+int log_get_fd(void);
+
+/* A progress bar (engine/base/progress.h) on a terminal says it has drawn an
+ * unfinished line on the log fd (true) or ended it (false). While one is
+ * drawn, log_write() starts its line with "\r\033[K", erasing the bar, and
+ * clears the flag; the bar is drawn again below the line. [any thread] */
+void log_bar_set_drawn(bool is_drawn);
+bool log_bar_is_drawn(void);
+
 /* Formats one line "<UTC time> LEVEL tag: message\n" and writes it with one
  * write(2). Lines longer than 2 KiB are truncated. [any thread] */
 void log_write(enum log_level level, const char *tag, const char *fmt, ...)

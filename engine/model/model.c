@@ -16,6 +16,7 @@
 #include "engine/base/alloc.h"
 #include "engine/base/err.h"
 #include "engine/base/log.h"
+#include "engine/base/progress.h"
 #include "engine/format/gguf.h"
 #include "engine/kernels/kernels.h"
 #include "engine/text/tokenizer.h"
@@ -33,6 +34,7 @@ struct loader {
     struct engine_model *m;
     const char *path;
     char prefix[64];  // "<arch>."
+    bool show_progress;
 };
 
 /* Reads <arch>.<key> as a positive int32 in [lo, hi]; absent -> *out keeps
@@ -442,6 +444,17 @@ static int pack_panels(struct loader *ld) {
     madvise(p, bytes, MADV_HUGEPAGE);  // fewer TLB misses while streaming them
     m->panels = p;
     m->panels_bytes = bytes;
+    // Packing reads every weight from the file once: that is the load's long
+    // part, so its progress is the bytes read.
+    size_t in_bytes = 0;
+    for (int64_t i = 0; i < n_mats; i++) {
+        if (kern_panel_supports(mats[i]->type)) {
+            in_bytes += (size_t)mats[i]->ne[1] * mats[i]->row_bytes;
+        }
+    }
+    struct progress pr;
+    if (ld->show_progress) progress_begin(&pr, "load", (int64_t)in_bytes, "MiB", (int64_t)1 << 20);
+    size_t in_done = 0;
     uint8_t *cur = p;
     for (int64_t i = 0; i < n_mats; i++) {
         if (!kern_panel_supports(mats[i]->type)) continue;
@@ -450,7 +463,10 @@ static int pack_panels(struct loader *ld) {
         t->panels = cur;
         cur += kern_panel_bytes(t);
         drop_pages(t->data, (size_t)t->ne[1] * t->row_bytes);
+        in_done += (size_t)t->ne[1] * t->row_bytes;
+        if (ld->show_progress) progress_update(&pr, (int64_t)in_done);
     }
+    if (ld->show_progress) progress_end(&pr);
     free(mats);
     return 0;
 }
@@ -488,7 +504,7 @@ static int load_meta(struct loader *ld) {
 }
 
 struct engine_model_params engine_model_default_params(void) {
-    return (struct engine_model_params){.path = NULL};
+    return (struct engine_model_params){.path = NULL, .show_progress = false};
 }
 
 void engine_model_free(struct engine_model *m) {
@@ -525,7 +541,7 @@ int engine_model_load(const struct engine_model_params *p, struct engine_model *
     ASSERT(p && p->path);
     struct engine_model *m = calloc(1, sizeof(*m));
     if (!m) return ERR_NOMEM;
-    struct loader ld = {.m = m, .path = p->path};
+    struct loader ld = {.m = m, .path = p->path, .show_progress = p->show_progress};
     m->next_adapter_id = malloc(sizeof(*m->next_adapter_id));
     if (!m->next_adapter_id) {
         free(m);

@@ -19,6 +19,7 @@
 #include "engine/base/alloc.h"
 #include "engine/base/err.h"
 #include "engine/base/log.h"
+#include "engine/base/progress.h"
 #include "engine/format/gguf.h"
 #include "engine/kernels/threadpool.h"
 
@@ -380,10 +381,15 @@ static int write_header(struct writer *w, const struct gguf_file *in,
  * where its type changes, each padded to the alignment. Write errors stay in
  * w->err; returns 0 or ERR_NOMEM. */
 static int write_tensors(struct writer *w, const struct gguf_file *in,
-                         const enum quant_type *types, struct threadpool *pool, float **rows) {
+                         const enum quant_type *types, struct threadpool *pool, float **rows,
+                         bool show_progress) {
     static const uint8_t zeros[256];
     const uint32_t alignment = gguf_alignment(in);
     char name[256];
+    int64_t in_bytes = 0, in_done = 0;
+    for (int64_t i = 0; i < gguf_n_tensors(in); i++) in_bytes += (int64_t)gguf_tensor_at(in, i)->nbytes;
+    struct progress pr;
+    if (show_progress) progress_begin(&pr, "quantize", in_bytes, "MiB", (int64_t)1 << 20);
     for (int64_t i = 0; i < gguf_n_tensors(in) && !w->err; i++) {
         const struct gguf_tensor_info *ti = gguf_tensor_at(in, i);
         name_z(ti->name, name, sizeof(name));
@@ -394,7 +400,10 @@ static int write_tensors(struct writer *w, const struct gguf_file *in,
             put(w, ti->data, nbytes);
         } else {
             uint8_t *buf = malloc(nbytes);
-            if (!buf) return ERR_NOMEM;
+            if (!buf) {
+                if (show_progress) progress_end(&pr);
+                return ERR_NOMEM;
+            }
             struct convert_job job = {.ti = ti, .out_type = types[i], .out = buf,
                                       .in_row = quant_row_size(ti->type, ti->ne[0]),
                                       .out_row = out_row, .rows = rows};
@@ -405,7 +414,10 @@ static int write_tensors(struct writer *w, const struct gguf_file *in,
         put(w, zeros, (alignment - nbytes % alignment) % alignment);
         LOG_INFO("%-28s [%lld, %lld] %s -> %s", name, (long long)ti->ne[0], (long long)n_rows,
                  quant_name(ti->type), quant_name(types[i]));
+        in_done += (int64_t)ti->nbytes;
+        if (show_progress) progress_update(&pr, in_done);
     }
+    if (show_progress) progress_end(&pr);
     return 0;
 }
 
@@ -454,7 +466,7 @@ int quantize_model(const struct quantize_params *p) {
     }
     created = true;
     err = write_header(&w, in, p, types);
-    if (!err) err = write_tensors(&w, in, types, pool, rows);
+    if (!err) err = write_tensors(&w, in, types, pool, rows, p->show_progress);
     if (!err) err = w.err;
     if (err) goto fail;
     if (fclose(w.fp) != 0) {

@@ -17,6 +17,7 @@
 #ifndef LLMSERVE_QUANTIZE_H
 #define LLMSERVE_QUANTIZE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "engine/format/quant.h"
@@ -69,6 +70,8 @@ struct quantize_params {
     const char *out_path;
     enum quantize_ftype ftype;
     int32_t n_threads;     // worker threads for the conversion (>= 1)
+    bool show_progress;    // show progress over the input bytes on the log fd
+                           // (engine/base/progress.h)
 };
 
 /* Quantizes in_path into out_path. Returns 0, or ERR_IO / ERR_FORMAT /
