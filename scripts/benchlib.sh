@@ -37,3 +37,20 @@ serve_stop() {
     wait "$server" 2>/dev/null || true
   fi
 }
+
+# plot_md OUT.svg MD NOTE "XCOL YCOL..." PLOT-TABLE-OPTIONS...: draws MD's
+# table with scripts/plot-table into OUT.svg (the -o of the bench scripts);
+# does nothing when OUT.svg is empty. NOTE (the command and the machine) goes
+# under the plot.
+plot_md() {
+  local out=$1 md=$2 note=$3 cols
+  read -r -a cols <<< "$4"
+  shift 4
+  [ -n "$out" ] || return 0
+  scripts/plot-table --out "$out" --note "$note" "$@" "$md" "${cols[@]}"
+}
+
+# The CPU's model name and core count, for the notes under tables and plots.
+machine() {
+  echo "$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1), $(nproc) cores"
+}
