@@ -50,7 +50,9 @@ plot_md() {
   scripts/plot-table --out "$out" --note "$note" "$@" "$md" "${cols[@]}"
 }
 
-# The CPU's model name and core count, for the notes under tables and plots.
+# The CPU's model name, core count and the load average now, for the notes
+# under tables and plots (a shared machine's figures say how shared it was).
 machine() {
-  echo "$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1), $(nproc) cores"
+  echo "$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1), $(nproc) cores," \
+    "load average $(cut -d' ' -f1 /proc/loadavg)"
 }

@@ -116,6 +116,22 @@ class PlotTable(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertEqual(len(lines(self.svg)["tok/s"]) - 1, 2)
 
+    def test_titles_replace_headers(self):
+        p = self.run_pt("--section", "## Batching", "--titles", "old,new", self.md, "1", "2-3")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(sorted(lines(self.svg)), ["new", "old"])
+        p = self.run_pt("--section", "## Batching", "--titles", "one", self.md, "1", "2-3")
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("1 titles for 2 lines", p.stderr)
+
+    def test_log_axis_labels_every_x(self):
+        # with --logx every x value is a labelled tic, the last one too
+        p = self.run_pt("--section", "## Batching", "--logx", self.md, "1", "3")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        texts = [t.text.strip() for t in ET.parse(self.svg).getroot().iter(SVG + "tspan") if t.text]
+        for want in ["1", "4", "16"]:
+            self.assertIn(want, texts)
+
     def test_first_table_without_section(self):
         p = self.run_pt(self.md, "1", "2")
         self.assertEqual(p.returncode, 0, p.stderr)
