@@ -28,6 +28,7 @@ void config_init_defaults(struct config *c) {
     c->kv_type = xstrdup("f16");  // docs/decisions.md: KV type default
     c->max_seqs = 64;
     c->max_batch_tokens = 2048;
+    c->prefill_chunk = 256;
     c->max_queue = 1024;
     c->max_body_bytes = 4LL * 1024 * 1024;
     c->request_timeout_s = 600;

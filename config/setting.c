@@ -48,6 +48,8 @@ const struct setting setting_table[] = {
      "most sequences running at once"},
     {"max-batch-tokens", 0, "max_batch_tokens", SETTING_KIND_I32, OFF(max_batch_tokens), 1,
      1 << 20, "N", "token budget of one step (prefill chunk + decodes)"},
+    {"prefill-chunk", 0, "prefill_chunk", SETTING_KIND_I32, OFF(prefill_chunk), 0, 1 << 20, "N",
+     "prefill tokens of a step beside decodes (shortest prompt first), 0 = no limit"},
     {"max-queue", 0, "max_queue", SETTING_KIND_I32, OFF(max_queue), 1, 1 << 20, "N",
      "requests waiting for a slot before 429"},
     {"max-body", 0, "max_body", SETTING_KIND_SIZE, OFF(max_body_bytes), 1024, GIB, "SIZE",

@@ -12,16 +12,37 @@
  *
  * Order, so that running sequences keep streaming (decode first):
  *   1. running sequences one token behind (decodes), oldest first;
- *   2. running sequences further behind (continuing a chunked prefill or a
- *      recompute), oldest first, with what budget is left;
- *   3. waiting sequences, FIFO, while budget, max_seqs and blocks allow, and
- *      only in a step that preempted nobody (admitting while preempting would
- *      thrash). A sequence with an adapter also needs an adapter slot
+ *   2. the prefill candidates, shortest remaining work first (ties: running
+ *      before waiting, then oldest first), within the step's prefill
+ *      allowance: running sequences further behind (a chunked prefill or a
+ *      recompute continues) and the first PLAN_WAIT_WINDOW waiting ones.
+ *      A waiting one is admitted while max_seqs and blocks allow, and only
+ *      while the step has preempted nobody (admitting while preempting would
+ *      thrash); once one must wait for blocks, so do the waiting ones after
+ *      it. A sequence with an adapter also needs an adapter slot
  *      (lora_slots.h); when none can be had it stays waiting and admission
  *      goes on past it, but only for sequences without an adapter: so
  *      base-model requests are not held up by adapter traffic, and the slots'
  *      users drain until the blocked sequence gets one (no starvation by later
- *      adapter requests either).
+ *      adapter requests either). A candidate passed over PLAN_MAX_PASSED_OVER
+ *      steps in a row goes first.
+ *
+ * NOTE on the prefill allowance (time to first token under load, and
+ * inter-token latency while long prompts arrive): with the whole budget
+ * open to prefill, 32 prompts arriving together are computed in one long
+ * step and every client waits for all 32; a 2048-token prompt arriving
+ * beside 32 streams makes one of their tokens take as long as the prompt.
+ * So prefill work beside decodes is limited to max(prefill_chunk, the number
+ * of decodes) tokens per step: a step costs at most about twice a decode
+ * step once decodes are compute-bound, and no more than one when they read
+ * weights (a chunk of prefill_chunk tokens rides on the same weight reads).
+ * With no decode in the step, the first candidate may take its whole need
+ * (up to the budget): a lone prompt is not chunked for nobody's sake. Shortest
+ * first then finishes prompts one after another, each client's first token
+ * coming as soon as its own prompt is done. A candidate that needs at most a
+ * quarter more than what is left of the allowance takes it all, so no chunk of
+ * a few tokens is left over for another step. prefill_chunk 0 is the whole
+ * budget (no allowance).
  * When a running sequence needs a block and none is free, the newest running
  * sequence is preempted (recompute: blocks freed, tokens kept, head of the
  * waiting queue), repeatedly, down to the sequence itself.
@@ -42,11 +63,13 @@ void step_plan_init(struct step_plan *p, int32_t max_seqs) {
     p->max_seqs = max_seqs;
     p->seqs = xcalloc((size_t)max_seqs, sizeof(*p->seqs));
     p->n_new = xcalloc((size_t)max_seqs, sizeof(*p->n_new));
+    p->cand = xcalloc((size_t)max_seqs + PLAN_WAIT_WINDOW, sizeof(*p->cand));
 }
 
 void step_plan_deinit(struct step_plan *p) {
     free(p->seqs);
     free(p->n_new);
+    free(p->cand);
     memset(p, 0, sizeof(*p));
 }
 
@@ -120,15 +143,16 @@ static void trim_window(struct planner *pl, struct seq *s) {
     if (w > 0) block_table_trim(&s->table, pl->a, s->n_computed - w + 1);
 }
 
-/* Schedules running sequence s, preempting newer ones for blocks. */
-static void schedule_running(struct planner *pl, struct seq *s) {
+/* Schedules up to cap (<= budget) tokens of running sequence s, preempting
+ * newer ones for blocks. */
+static void schedule_running(struct planner *pl, struct seq *s, int32_t cap) {
     trim_window(pl, s);
     for (;;) {
         int32_t redo = block_table_copy_on_write(&s->table, pl->a, s->n_computed);
         if (redo >= 0) {
             if (redo < s->n_computed) s->n_computed = redo;  // the copy is a recompute
             int32_t n_new = s->n_tokens - s->n_computed;
-            if (n_new > pl->budget) n_new = pl->budget;
+            if (n_new > cap) n_new = cap;
             enum block_reserve r = block_table_reserve(&s->table, pl->a, s->n_computed + n_new);
             if (r == BLOCK_RESERVE_OK) {
                 add_to_plan(pl, s, n_new);
@@ -152,8 +176,8 @@ enum admit_result {
     ADMIT_LATER_LORA,    // every adapter slot is in use: wait
 };
 
-/* Admits waiting sequence s if it fits. */
-static enum admit_result admit(struct planner *pl, struct seq *s) {
+/* Admits waiting sequence s if it fits, with up to cap (<= budget) tokens. */
+static enum admit_result admit(struct planner *pl, struct seq *s, int32_t cap) {
     struct block_alloc *a = pl->a;
     int32_t bs = block_alloc_block_size(a);
     ASSERT(s->n_computed == 0 && s->table.n_blocks == 0 && s->slot < 0);
@@ -182,7 +206,7 @@ static enum admit_result admit(struct planner *pl, struct seq *s) {
     }
     int32_t start = n_hits * bs;
     int32_t n_new = s->n_tokens - start;
-    if (n_new > pl->budget) n_new = pl->budget;
+    if (n_new > cap) n_new = cap;
     s->n_computed = start;
     trim_window(pl, s);
     enum block_reserve r = block_table_reserve(&s->table, a, start + n_new);
@@ -209,6 +233,48 @@ static enum admit_result admit(struct planner *pl, struct seq *s) {
     return ADMIT_OK;
 }
 
+/* The prefill work a candidate needs: all its tokens when waiting (its
+ * prefix hits are known only at admission), the missing ones when running. */
+static int32_t need_of(const struct seq *s) {
+    return s->status == SEQ_STATUS_RUNNING ? s->n_tokens - s->n_computed : s->n_tokens;
+}
+
+/* Sort key: the need, 0 for a candidate passed over too long. */
+static int32_t key_of(const struct seq *s) {
+    return s->n_passed_over >= PLAN_MAX_PASSED_OVER ? 0 : need_of(s);
+}
+
+/* Gathers the step's prefill candidates into out->cand, shortest first
+ * (a stable insertion sort: ties keep running-then-waiting, oldest-first
+ * order; there are at most max_seqs + PLAN_WAIT_WINDOW). */
+static int32_t gather_candidates(struct planner *pl) {
+    struct seq **c = pl->out->cand;
+    int32_t n = 0;
+    for (struct seq *s = pl->running->head; s; s = s->next)
+        if (s->n_tokens - s->n_computed > 1) c[n++] = s;
+    int32_t n_wait = 0;
+    for (struct seq *s = pl->waiting->head; s && n_wait < PLAN_WAIT_WINDOW; s = s->next, n_wait++)
+        c[n++] = s;
+    for (int32_t i = 1; i < n; i++) {
+        struct seq *x = c[i];
+        int32_t k = key_of(x), j = i;
+        while (j > 0 && key_of(c[j - 1]) > k) {
+            c[j] = c[j - 1];
+            j--;
+        }
+        c[j] = x;
+    }
+    return n;
+}
+
+/* Tokens candidate s gets of what is left of the allowance: all it needs if
+ * that is at most a quarter more, else what is left; never over the budget. */
+static int32_t take_of(const struct planner *pl, const struct seq *s, int32_t left) {
+    int32_t need = need_of(s);
+    int32_t take = need <= left + left / 4 ? need : left;
+    return take < pl->budget ? take : pl->budget;
+}
+
 void plan_step(struct seq_queue *running, struct seq_queue *waiting, struct seq_queue *rejected,
                struct block_alloc *a, struct lora_slots *loras, const struct plan_budget *b,
                struct step_plan *out) {
@@ -222,34 +288,51 @@ void plan_step(struct seq_queue *running, struct seq_queue *waiting, struct seq_
     out->n_lora_waits = 0;
     struct planner pl = {running, waiting, rejected, a, loras, b, out, b->max_batch_tokens};
 
-    // 1. decodes, then 2. running sequences further behind.
-    for (int pass = 0; pass < 2; pass++) {
-        struct seq *nxt;
-        for (struct seq *s = running->head; s && pl.budget > 0; s = nxt) {
-            bool is_decode = s->n_tokens - s->n_computed == 1;
-            if (is_decode != (pass == 0)) {
-                nxt = s->next;
-                continue;
-            }
-            ASSERT(s->n_tokens > s->n_computed);
-            schedule_running(&pl, s);
-            // s may have been preempted (then it was the newest: nothing follows).
-            nxt = s->status == SEQ_STATUS_RUNNING ? s->next : NULL;
-        }
-    }
-    // 3. admission, FIFO, never in a step that preempted; past a sequence
-    // waiting for an adapter slot only sequences without an adapter.
-    if (out->n_preempted > 0) return;
-    bool is_lora_blocked = false;
+    // 1. decodes, oldest first.
+    int32_t n_decodes = 0;
     struct seq *nxt;
-    for (struct seq *s = waiting->head; s && pl.budget > 0 && running->n < b->max_seqs; s = nxt) {
-        nxt = s->next;
-        if (s->adapter && is_lora_blocked) continue;
-        enum admit_result r = admit(&pl, s);
-        if (r == ADMIT_LATER_BLOCKS) break;
-        if (r == ADMIT_LATER_LORA) {
-            is_lora_blocked = true;
-            out->n_lora_waits++;
+    for (struct seq *s = running->head; s && pl.budget > 0; s = nxt) {
+        if (s->n_tokens - s->n_computed != 1) {
+            nxt = s->next;
+            continue;
         }
+        schedule_running(&pl, s, 1);
+        n_decodes += s->status == SEQ_STATUS_RUNNING;
+        // s may have been preempted (then it was the newest: nothing follows).
+        nxt = s->status == SEQ_STATUS_RUNNING ? s->next : NULL;
+    }
+    // 2. prefill candidates, shortest first, within the allowance.
+    int32_t n_cand = gather_candidates(&pl);
+    int32_t left = pl.budget;
+    if (b->prefill_chunk > 0 && n_cand > 0) {
+        left = b->prefill_chunk > n_decodes ? b->prefill_chunk : n_decodes;
+        if (n_decodes == 0 && need_of(out->cand[0]) > left) left = need_of(out->cand[0]);
+        if (left > pl.budget) left = pl.budget;
+    }
+    bool is_lora_blocked = false, is_admitting = true;
+    for (int32_t i = 0; i < n_cand; i++) {
+        struct seq *s = out->cand[i];
+        if (left <= 0 || pl.budget <= 0) {
+            s->n_passed_over++;
+            continue;
+        }
+        int32_t before = pl.budget;
+        if (s->status == SEQ_STATUS_RUNNING) {
+            schedule_running(&pl, s, take_of(&pl, s, left));
+        } else if (s->status == SEQ_STATUS_WAITING || s->status == SEQ_STATUS_PREEMPTED) {
+            // (a running candidate's preemption this step moved its victim to
+            // the waiting head: that one is not a candidate of this step)
+            if (is_admitting && out->n_preempted == 0 && running->n < b->max_seqs &&
+                !(s->adapter && is_lora_blocked)) {
+                enum admit_result r = admit(&pl, s, take_of(&pl, s, left));
+                if (r == ADMIT_LATER_BLOCKS) is_admitting = false;
+                if (r == ADMIT_LATER_LORA) {
+                    is_lora_blocked = true;
+                    out->n_lora_waits++;
+                }
+            }
+        }
+        left -= before - pl.budget;
+        s->n_passed_over = before == pl.budget ? s->n_passed_over + 1 : 0;
     }
 }

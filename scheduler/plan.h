@@ -25,8 +25,17 @@ struct plan_budget {
     int32_t max_batch_tokens;  // token_budget of one step, >= 1
     int32_t max_seqs;          // running sequences at most, >= 1
     int32_t sliding_window;    // the model's window in tokens, 0: none
+    int32_t prefill_chunk;     // prefill tokens of a step beside decodes (plan.c), 0: no limit
     bool enable_prefix_cache;
 };
+
+/* Of the waiting queue, the first PLAN_WAIT_WINDOW sequences are candidates
+ * of a step (shortest first among them); the rest wait their turn in FIFO. */
+enum { PLAN_WAIT_WINDOW = 64 };
+
+/* A candidate passed over this many steps in a row goes first (no starvation
+ * of long prompts by a stream of short ones). */
+enum { PLAN_MAX_PASSED_OVER = 32 };
 
 /* One step's decision. Arrays are sized once (step_plan_init) and reused. */
 struct step_plan {
@@ -40,6 +49,7 @@ struct step_plan {
     int32_t n_prefix_hit_tokens;  // prompt tokens of admitted sequences found in the cache
     int32_t n_lora_waits;         // admissions put off because every adapter slot was in use
     int32_t max_seqs;
+    struct seq **cand;            // owned scratch [max_seqs + PLAN_WAIT_WINDOW]
 };
 
 void step_plan_init(struct step_plan *p, int32_t max_seqs);  // aborts on OOM (bookkeeping)

@@ -95,6 +95,7 @@ struct scheduler_params scheduler_default_params(void) {
         .kv_type = ENGINE_KV_TYPE_F16,
         .max_seqs = 64,
         .max_batch_tokens = 512,
+        .prefill_chunk = 256,
         .max_queue = 1024,
         .enable_prefix_cache = true,
         .n_threads = 0,
@@ -602,6 +603,7 @@ int scheduler_create(const struct engine_model *model, const struct scheduler_pa
         goto fail;
     step_plan_init(&s->plan, p->max_seqs);
     s->budget.max_batch_tokens = p->max_batch_tokens;
+    s->budget.prefill_chunk = p->prefill_chunk;
     s->budget.max_seqs = p->max_seqs;
     s->budget.sliding_window = s->sliding_window;
     s->budget.enable_prefix_cache = p->enable_prefix_cache;

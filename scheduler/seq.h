@@ -96,6 +96,7 @@ struct seq {
     int64_t t_arrival_ns;             // when submitted
     int64_t t_last_token_ns;          // when the last token was emitted, 0 before the first
     int32_t n_preemptions;
+    int32_t n_passed_over;            // steps in a row it was a prefill candidate and got nothing
     struct seq *prev;                 // queue links: owned by the seq_queue holding it
     struct seq *next;
 };

@@ -80,6 +80,7 @@ static void batch_usage(FILE *fp) {
             "      --block-size N         tokens per KV block (default 16)\n"
             "      --max-seqs N           running sequences at most (default 64)\n"
             "      --max-batch-tokens N   tokens per step (default 512)\n"
+            "      --prefill-chunk N      prefill tokens of a step beside decodes (default 256, 0 = no limit)\n"
             "      --no-prefix-cache      disable automatic prefix caching\n"
             "      --lora NAME=PATH       an adapter a line selects with \"model\": \"NAME\"\n"
             "                             (repeatable)\n"
@@ -272,6 +273,7 @@ static int parse_opts(int argc, char **argv, struct batch_opts *o, struct batch_
         {"block-size", required_argument, NULL, 'B'},
         {"max-seqs", required_argument, NULL, 'S'},
         {"max-batch-tokens", required_argument, NULL, 'T'},
+        {"prefill-chunk", required_argument, NULL, 'C'},
         {"no-prefix-cache", no_argument, NULL, 'N'},
         {"threads", required_argument, NULL, 't'},
         {"ctx", required_argument, NULL, 'c'},
@@ -294,6 +296,7 @@ static int parse_opts(int argc, char **argv, struct batch_opts *o, struct batch_
         case 'B': ok = parse_i32(optarg, 1, 1024, &sp->block_size); break;
         case 'S': ok = parse_i32(optarg, 1, 4096, &sp->max_seqs); break;
         case 'T': ok = parse_i32(optarg, 1, 1 << 20, &sp->max_batch_tokens); break;
+        case 'C': ok = parse_i32(optarg, 0, 1 << 20, &sp->prefill_chunk); break;
         case 'N': sp->enable_prefix_cache = false; break;
         case 't': ok = parse_i32(optarg, 0, 4096, &sp->n_threads); break;
         case 'c': ok = parse_i32(optarg, 1, 1 << 24, &sp->n_ctx); break;

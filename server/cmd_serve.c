@@ -56,6 +56,7 @@ static int start_scheduler(const struct config *cfg, struct engine_model *model,
     sp.kv_memory_mib = (int32_t)(cfg->kv_bytes >> 20);
     sp.max_seqs = cfg->max_seqs;
     sp.max_batch_tokens = cfg->max_batch_tokens;
+    sp.prefill_chunk = cfg->prefill_chunk;
     sp.max_queue = cfg->max_queue;
     sp.n_threads = cfg->n_threads;
     sp.n_ctx = cfg->n_ctx;

@@ -163,12 +163,130 @@ static void test_plan_admission_respects_max_seqs(void **state) {
 static void test_plan_admission_waits_for_blocks(void **state) {
     (void)state;
     fx_init(5, 100, 8, false);  // 4 blocks of 4
-    struct seq *a = add(12, 4, 0);  // 3 blocks
-    struct seq *b = add(8, 4, 50);  // 2 blocks: must wait
+    struct seq *a = add(8, 4, 50);   // 2 blocks
+    struct seq *b = add(12, 4, 0);   // 3 blocks: must wait
+    struct seq *c = add(16, 4, 20);  // 4 blocks: waits behind b
     plan();
     assert_int_equal(a->status, SEQ_STATUS_RUNNING);
     assert_int_equal(b->status, SEQ_STATUS_WAITING);
     assert_int_equal(b->table.n_blocks, 0);
+    assert_int_equal(c->status, SEQ_STATUS_WAITING);
+    fx_deinit();
+}
+
+/* The prefill allowance (plan.c's NOTE), schedules derived by hand. */
+
+/* Eight 10-token prompts arrive together; the allowance is 20 tokens: two
+ * prompts finish per step, so their first tokens come in steps 1,1,2,2,3,3,
+ * 4,4, where without the allowance all eight finish in step 1. */
+static void test_plan_prefill_chunk_staggers_prompts(void **state) {
+    (void)state;
+    for (int chunk = 0; chunk <= 20; chunk += 20) {
+        fx_init(64, 100, 8, false);
+        fx.b.prefill_chunk = chunk;
+        struct seq *s[8];
+        for (int i = 0; i < 8; i++) s[i] = add(10, 10, 7 * i);
+        int first_step[8] = {0};
+        for (int step = 1; step <= 4; step++) {
+            plan();
+            int n_decodes = 0;
+            for (int i = 0; i < 8; i++) n_decodes += n_new_of(s[i]) == 1;
+            // decodes + at most max(chunk, n_decodes) prefill tokens
+            if (chunk) assert_true(fx.plan.n_tokens <= n_decodes + 20);
+            execute();
+            for (int i = 0; i < 8; i++)
+                if (!first_step[i] && s[i]->n_computed >= 10) first_step[i] = step;
+        }
+        for (int i = 0; i < 8; i++) assert_int_equal(first_step[i], chunk ? i / 2 + 1 : 1);
+        fx_deinit();
+    }
+}
+
+/* Shortest first: a 40-token prompt and an 8-token one, the long one first
+ * in the queue, allowance 16. Step 1 (no decodes): the short one's 8, then 8
+ * of the long one. Then one decode and 16 prompt tokens a step: 16, 16. */
+static void test_plan_prefill_shortest_first(void **state) {
+    (void)state;
+    fx_init(64, 100, 8, false);
+    fx.b.prefill_chunk = 16;
+    struct seq *lng = add(40, 4, 0);
+    struct seq *shrt = add(8, 4, 30);
+    plan();
+    assert_int_equal(n_new_of(shrt), 8);
+    assert_int_equal(n_new_of(lng), 8);
+    assert_ptr_equal(fx.plan.seqs[0], shrt);
+    execute();
+    plan();
+    assert_int_equal(n_new_of(shrt), 1);
+    assert_int_equal(n_new_of(lng), 16);
+    execute();
+    plan();
+    assert_int_equal(n_new_of(lng), 16);
+    execute();
+    assert_int_equal(lng->n_computed, 40);
+    fx_deinit();
+}
+
+/* A lone prompt takes the whole budget: no decodes wait for it. */
+static void test_plan_prefill_lone_prompt_not_chunked(void **state) {
+    (void)state;
+    fx_init(64, 100, 8, false);
+    fx.b.prefill_chunk = 16;
+    struct seq *a = add(60, 4, 0);
+    plan();
+    assert_int_equal(n_new_of(a), 60);
+    fx_deinit();
+}
+
+/* Beside d decodes a prompt gets max(chunk, d) tokens a step; a need of at
+ * most a quarter over what is left of the allowance is taken whole. */
+static void test_plan_prefill_beside_decodes(void **state) {
+    (void)state;
+    fx_init(64, 100, 8, false);
+    struct seq *d[3];
+    for (int i = 0; i < 3; i++) d[i] = add(1, 20, i);
+    plan();  // no allowance yet: all three admitted
+    execute();  // three decoders
+    fx.b.prefill_chunk = 2;
+    struct seq *p = add(12, 4, 40);
+    plan();
+    assert_int_equal(n_new_of(p), 3);  // max(2, 3 decodes)
+    execute();
+    fx.b.prefill_chunk = 8;
+    plan();
+    assert_int_equal(n_new_of(p), 9);  // max(8, 3) = 8, and 9 <= 8 + 8 / 4: whole
+    execute();
+    struct seq *q = add(11, 4, 50);    // beside 4 decodes: 11 > 8 + 2, a chunk of 8
+    plan();
+    assert_int_equal(n_new_of(q), 8);
+    assert_int_equal(n_new_of(p), 1);
+    for (int i = 0; i < 3; i++) assert_int_equal(n_new_of(d[i]), 1);
+    assert_int_equal(fx.plan.n_tokens, 12);
+    fx_deinit();
+}
+
+/* A candidate passed over PLAN_MAX_PASSED_OVER steps goes first. */
+static void test_plan_prefill_passed_over_goes_first(void **state) {
+    (void)state;
+    fx_init(64, 100, 8, false);
+    fx.b.prefill_chunk = 4;
+    struct seq *d = add(1, 40, 0);
+    plan();
+    execute();  // one decoder
+    struct seq *lng = add(20, 4, 10);
+    struct seq *shrt = add(4, 4, 30);
+    plan();  // the short one's 4 tokens are the allowance: the long one is passed over
+    assert_int_equal(n_new_of(shrt), 4);
+    assert_int_equal(n_new_of(lng), 0);
+    assert_int_equal(lng->n_passed_over, 1);
+    execute();
+    lng->n_passed_over = PLAN_MAX_PASSED_OVER;
+    struct seq *shrt2 = add(4, 4, 50);
+    plan();
+    assert_int_equal(n_new_of(lng), 4);
+    assert_int_equal(n_new_of(shrt2), 0);
+    assert_int_equal(lng->n_passed_over, 0);
+    assert_int_equal(n_new_of(d), 1);
     fx_deinit();
 }
 
@@ -247,6 +365,11 @@ int main(void) {
         cmocka_unit_test(test_plan_budget_limits_decodes_too),
         cmocka_unit_test(test_plan_admission_respects_max_seqs),
         cmocka_unit_test(test_plan_admission_waits_for_blocks),
+        cmocka_unit_test(test_plan_prefill_chunk_staggers_prompts),
+        cmocka_unit_test(test_plan_prefill_shortest_first),
+        cmocka_unit_test(test_plan_prefill_lone_prompt_not_chunked),
+        cmocka_unit_test(test_plan_prefill_beside_decodes),
+        cmocka_unit_test(test_plan_prefill_passed_over_goes_first),
         cmocka_unit_test(test_plan_preempts_newest_and_skips_admission),
         cmocka_unit_test(test_plan_preempts_itself_when_alone_is_newest),
         cmocka_unit_test(test_plan_rejects_what_never_fits),
