@@ -592,14 +592,19 @@ static void penalize_repetition(const struct sampler *s, struct sampler_scratch 
 }
 
 /* Steps 1-4 of the pipeline into sc->work [n_vocab]. */
-static void adjust_logits(const struct sampler *s, struct sampler_scratch *sc,
-                          const float *logits) {
+static void adjust_logits(const struct sampler *s, struct sampler_scratch *sc, const float *logits,
+                          const uint64_t *allow) {
     const struct sampler_params *p = &s->params;
     float *w = sc->work;
     int32_t n_vocab = s->n_vocab;
     // 1. copy, NaN read as -inf so every later comparison is a total order
     for (int32_t i = 0; i < n_vocab; i++)
         w[i] = bits_is_nan(float_bits(logits[i])) ? -INFINITY : logits[i];
+    // 1b. the allowed-token mask
+    if (allow) {
+        for (int32_t i = 0; i < n_vocab; i++)
+            if (!((allow[i >> 6] >> (i & 63)) & 1)) w[i] = -INFINITY;
+    }
     // 2. logit bias
     for (int32_t i = 0; i < p->n_logit_bias; i++) {
         const struct sampler_logit_bias *b = &s->bias[i];
@@ -685,18 +690,19 @@ static void truncate_cands(const struct sampler *s, struct sampler_scratch *sc, 
 }
 
 /* The whole pipeline: leaves in sc the distribution to draw from. */
-static void build_dist(const struct sampler *s, struct sampler_scratch *sc, const float *logits) {
+static void build_dist(const struct sampler *s, struct sampler_scratch *sc, const float *logits,
+                       const uint64_t *allow) {
     ASSERT(sc->n_vocab >= s->n_vocab);
     const struct sampler_params *p = &s->params;
     int32_t n_vocab = s->n_vocab;
     float inv_t = p->temperature > 0.0f ? 1.0f / p->temperature : INFINITY;
     bool is_greedy = !isfinite(inv_t);  // temperature 0, or so small that 1/T overflows
     // Greedy with nothing to adjust is one pass over the raw row.
-    if (is_greedy && !has_adjustments(s)) {
+    if (is_greedy && !has_adjustments(s) && !allow) {
         dist_one(sc, row_argmax(logits, n_vocab));
         return;
     }
-    adjust_logits(s, sc, logits);  // 1-4
+    adjust_logits(s, sc, logits, allow);  // 1-4
     float *w = sc->work;
     if (is_greedy) {  // 5.
         dist_one(sc, row_argmax(w, n_vocab));
@@ -813,7 +819,12 @@ static void fill_logprobs(const struct sampler *s, const float *logits, int32_t 
 
 int32_t sampler_sample(struct sampler *s, struct sampler_scratch *sc, const float *logits,
                        struct sampler_result *out) {
-    build_dist(s, sc, logits);
+    return sampler_sample_allowed(s, sc, logits, NULL, out);
+}
+
+int32_t sampler_sample_allowed(struct sampler *s, struct sampler_scratch *sc, const float *logits,
+                               const uint64_t *allow, struct sampler_result *out) {
+    build_dist(s, sc, logits, allow);
     int32_t token = draw(s, sc);
     if (out) fill_logprobs(s, logits, token, out);
     sampler_accept(s, token, false);
@@ -822,7 +833,12 @@ int32_t sampler_sample(struct sampler *s, struct sampler_scratch *sc, const floa
 
 int32_t sampler_probs(struct sampler *s, struct sampler_scratch *sc, const float *logits,
                       float *probs) {
-    build_dist(s, sc, logits);
+    return sampler_probs_allowed(s, sc, logits, NULL, probs);
+}
+
+int32_t sampler_probs_allowed(struct sampler *s, struct sampler_scratch *sc, const float *logits,
+                              const uint64_t *allow, float *probs) {
+    build_dist(s, sc, logits, allow);
     int32_t n_vocab = s->n_vocab;
     int32_t n_nonzero = 0;
     switch (sc->dist) {

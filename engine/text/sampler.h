@@ -11,6 +11,8 @@
  *
  * The pipeline of sampler_sample(), in this order:
  *   1. copy the logits into the scratch (NaN is read as -inf);
+ *  1b. with an allowed-token mask (a grammar, engine/text/grammar.h): every token
+ *      outside it becomes -inf, so everything below acts on allowed tokens only;
  *   2. logit bias: logit += bias, or -inf when bias <= -100 (a ban);
  *   3. repetition penalty over the distinct tokens among the last repeat_last_n
  *      tokens of prompt + generated: logit > 0 ? logit / penalty : logit * penalty;
@@ -118,6 +120,13 @@ struct sampler_result {
 int32_t sampler_sample(struct sampler *s, struct sampler_scratch *sc, const float *logits,
                        struct sampler_result *out);
 
+/* sampler_sample() with an allowed-token mask allow [ceil(n_vocab / 64)]
+ * (bit i of word i / 64 set: token i may be chosen; NULL: all may), applied
+ * as step 1b. At least one token must be allowed: with none, the result is
+ * token 0, which the caller must not use. [step thread] */
+int32_t sampler_sample_allowed(struct sampler *s, struct sampler_scratch *sc, const float *logits,
+                               const uint64_t *allow, struct sampler_result *out);
+
 /* The distribution sampler_sample() would draw from for these logits and the
  * current history, after the whole pipeline: writes probs [n_vocab] (0 for
  * every token the pipeline dropped; one 1 at the argmax when temperature is 0)
@@ -125,6 +134,9 @@ int32_t sampler_sample(struct sampler *s, struct sampler_scratch *sc, const floa
  * token nor advances the RNG. For tests and debugging. [step thread] */
 int32_t sampler_probs(struct sampler *s, struct sampler_scratch *sc, const float *logits,
                       float *probs);
+/* The same under an allowed-token mask (as sampler_sample_allowed()). */
+int32_t sampler_probs_allowed(struct sampler *s, struct sampler_scratch *sc, const float *logits,
+                              const uint64_t *allow, float *probs);
 
 /* Tokens recorded so far by sampler_accept() / sampler_sample(). */
 int32_t sampler_n_prompt(const struct sampler *s);

@@ -697,6 +697,52 @@ static void test_sampler_history_invariant(void **state) {
     sampler_scratch_free(NULL);
 }
 
+/* The allowed-token mask is step 1b: the oracle is the pipeline over logits
+ * where every other token is -inf, penalties applied by hand afterwards. */
+static void test_sampler_allowed_mask(void **state) {
+    (void)state;
+    enum { N = 300 };
+    float l[N];
+    fill_logits(l, N, 42, 2.0);
+    uint64_t allow[(N + 63) / 64] = {0};
+    for (int32_t i = 0; i < N; i += 3) allow[i >> 6] |= 1ull << (i & 63);
+    allow[7 >> 6] |= 1ull << 7;
+    struct sampler_params p = seeded(5);
+    p.temperature = 0.8f;
+    p.top_k = 40;
+    p.top_p = 0.9f;
+    p.repetition_penalty = 1.3f;
+    struct sampler *s = sampler_create(&p, N);
+    sampler_accept(s, 7, true);  // allowed and penalised
+    sampler_accept(s, 8, true);  // penalised but banned by the mask
+    double adj[N];
+    for (int32_t i = 0; i < N; i++) adj[i] = (i % 3 == 0 || i == 7) ? l[i] : -INFINITY;
+    adj[7] = l[7] > 0 ? l[7] / 1.3 : l[7] * 1.3;
+    double want[N];
+    ref_truncate(adj, N, &p, want);
+    struct sampler_scratch *sc = sampler_scratch_create(N);
+    float got[N];
+    sampler_probs_allowed(s, sc, l, allow, got);
+    for (int32_t i = 0; i < N; i++) assert_true(fabs(got[i] - want[i]) <= 1e-6);
+    // draws record their tokens (the penalties move), but stay inside the mask
+    for (int k = 0; k < 2000; k++) {
+        int32_t t = sampler_sample_allowed(s, sc, l, allow, NULL);
+        assert_true((allow[t >> 6] >> (t & 63)) & 1);
+    }
+    sampler_free(s);
+    // greedy: the best allowed token, not the best token
+    p = seeded(5);
+    p.temperature = 0.0f;
+    s = sampler_create(&p, N);
+    int32_t best = -1;
+    for (int32_t i = 0; i < N; i += 3)
+        if (best < 0 || l[i] > l[best]) best = i;
+    if (l[7] > l[best]) best = 7;
+    assert_int_equal(sampler_sample_allowed(s, sc, l, allow, NULL), best);
+    sampler_free(s);
+    sampler_scratch_free(sc);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sampler_validate_names_the_field),
@@ -712,6 +758,7 @@ int main(void) {
         cmocka_unit_test(test_sampler_logit_bias),
         cmocka_unit_test(test_sampler_logprobs_match_log_softmax),
         cmocka_unit_test(test_sampler_history_invariant),
+        cmocka_unit_test(test_sampler_allowed_mask),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,341 @@
+/*
+ * test_gbnf.c - the GBNF compiler, judged by the language it accepts: sets of
+ * strings derived by hand from each grammar's definition (in the published
+ * GBNF semantics llama.cpp documents in grammars/README.md), a json.gbnf-shaped
+ * grammar written here against strings whose JSON validity is RFC 8259's, the
+ * error for each kind of bad grammar, and a seeded fuzz of mutated grammars
+ * that must compile or fail cleanly, never crash.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/base/err.h"
+#include "engine/text/gbnf.h"
+#include "engine/text/grammar.h"
+
+enum { REJECT = -1, PREFIX = 0, FULL = 1 };
+
+/* FULL when text is a sentence of the grammar, PREFIX when only a prefix of
+ * one, REJECT otherwise. */
+static int match(const char *grammar, const char *text) {
+    struct gbnf *g = NULL;
+    char msg[256];
+    int err = gbnf_compile(grammar, strlen(grammar), &g, msg, sizeof(msg));
+    if (err) fail_msg("compile failed: %s", msg);
+    struct grammar *gm = grammar_create(g);
+    gbnf_release(g);
+    enum grammar_step st = grammar_accept_bytes(gm, text, strlen(text));
+    int r = st == GRAMMAR_STEP_REJECT ? REJECT : grammar_is_accepting(gm) ? FULL : PREFIX;
+    grammar_free(gm);
+    return r;
+}
+
+/* The same, one byte at a time (the matcher's state carried across calls). */
+static int match_bytewise(const char *grammar, const char *text) {
+    struct gbnf *g = NULL;
+    char msg[256];
+    assert_int_equal(gbnf_compile(grammar, strlen(grammar), &g, msg, sizeof(msg)), 0);
+    struct grammar *gm = grammar_create(g);
+    gbnf_release(g);
+    int r = PREFIX;
+    for (size_t i = 0; text[i]; i++) {
+        if (grammar_accept_bytes(gm, &text[i], 1) == GRAMMAR_STEP_REJECT) {
+            r = REJECT;
+            break;
+        }
+    }
+    if (r != REJECT) r = grammar_is_accepting(gm) ? FULL : PREFIX;
+    grammar_free(gm);
+    return r;
+}
+
+struct case_ {
+    const char *text;
+    int want;
+};
+
+static void check_cases(const char *grammar, const struct case_ *c, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        int got = match(grammar, c[i].text);
+        if (got != c[i].want)
+            fail_msg("grammar %s on \"%s\": got %d want %d", grammar, c[i].text, got, c[i].want);
+        assert_int_equal(match_bytewise(grammar, c[i].text), c[i].want);
+    }
+}
+
+#define CHECK(g, ...)                                                  \
+    do {                                                               \
+        const struct case_ cs_[] = {__VA_ARGS__};                      \
+        check_cases(g, cs_, sizeof(cs_) / sizeof(cs_[0]));             \
+    } while (0)
+
+static void test_gbnf_alternation_and_literals(void **state) {
+    (void)state;
+    CHECK("root ::= \"cat\" | \"dog\" | \"\"",
+          {"", FULL}, {"cat", FULL}, {"dog", FULL}, {"ca", PREFIX}, {"d", PREFIX},
+          {"cow", REJECT}, {"cats", REJECT}, {"catdog", REJECT});
+    CHECK("root ::= greet \" \" name\ngreet ::= \"hi\" | \"hello\"\nname ::= \"bob\"",
+          {"hi bob", FULL}, {"hello bob", FULL}, {"hell", PREFIX}, {"hi", PREFIX},
+          {"hibob", REJECT}, {"hello  bob", REJECT});
+}
+
+static void test_gbnf_repetition(void **state) {
+    (void)state;
+    CHECK("root ::= \"a\"*", {"", FULL}, {"a", FULL}, {"aaaa", FULL}, {"b", REJECT});
+    CHECK("root ::= \"ab\"+", {"", PREFIX}, {"ab", FULL}, {"abab", FULL}, {"aba", PREFIX},
+          {"abb", REJECT});
+    CHECK("root ::= \"x\"? \"y\"", {"y", FULL}, {"xy", FULL}, {"x", PREFIX}, {"xxy", REJECT});
+    CHECK("root ::= [0-9]{3}", {"12", PREFIX}, {"123", FULL}, {"1234", REJECT},
+          {"12a", REJECT});
+    CHECK("root ::= \"a\"{2,4}", {"a", PREFIX}, {"aa", FULL}, {"aaa", FULL}, {"aaaa", FULL},
+          {"aaaaa", REJECT});
+    CHECK("root ::= \"a\"{2,} \"b\"", {"aab", FULL}, {"aaaaaab", FULL}, {"ab", REJECT},
+          {"aaaa", PREFIX});
+    CHECK("root ::= (\"a\" | \"bc\"){0,2} \"!\"", {"!", FULL}, {"a!", FULL}, {"bca!", FULL},
+          {"aaa!", REJECT}, {"b!", REJECT});
+    CHECK("root ::= \"a\"{ 1 , 2 }", {"a", FULL}, {"aa", FULL}, {"aaa", REJECT});
+}
+
+static void test_gbnf_grouping_and_newlines(void **state) {
+    (void)state;
+    const char *g = "root ::= (\n"
+                    "    \"[\" item (\",\" item)* \"]\"   # a list\n"
+                    "  | \"()\"\n"
+                    ")\n"
+                    "item ::= [a-c]\n";
+    CHECK(g, {"[a]", FULL}, {"[a,b,c]", FULL}, {"()", FULL}, {"[a,", PREFIX}, {"[]", REJECT},
+          {"[d]", REJECT}, {"[a,b]x", REJECT});
+}
+
+static void test_gbnf_char_classes(void **state) {
+    (void)state;
+    CHECK("root ::= [a-cx]+", {"abcx", FULL}, {"d", REJECT}, {"xa", FULL});
+    CHECK("root ::= [^a-z\\n]", {"A", FULL}, {"0", FULL}, {"a", REJECT}, {"\n", REJECT},
+          {"\xc3\xa9", FULL}, {"\xe2\x82\xac", FULL}, {"\xf0\x9f\x98\x80", FULL},
+          {"\xc3", PREFIX}, {"AB", REJECT});
+    // negation excludes non-ASCII members too: é (U+00E9) and € (U+20AC)
+    CHECK("root ::= [^\\u00e9\\u20AC]", {"e", FULL}, {"\xc3\xa9", REJECT},
+          {"\xc3\xa8", FULL}, {"\xe2\x82\xac", REJECT}, {"\xe2\x82\xad", FULL});
+    // a range of Greek letters, written as UTF-8 in the grammar
+    CHECK("root ::= [α-ω]+", {"αβγ", FULL}, {"ω", FULL}, {"a", REJECT}, {"Α", REJECT},
+          {"\xce", PREFIX});
+    // ranges that cross UTF-8 length boundaries: U+007E..U+0801
+    CHECK("root ::= [\\x7e-\\u0801]", {"~", FULL}, {"\x7f", FULL}, {"\xc2\x80", FULL},
+          {"\xdf\xbf", FULL}, {"\xe0\xa0\x80", FULL}, {"\xe0\xa0\x81", FULL},
+          {"\xe0\xa0\x82", REJECT}, {"}", REJECT});
+    // invalid UTF-8 is never produced: overlong, surrogate, beyond U+10FFFF
+    CHECK("root ::= .", {"\xc0\x80", REJECT}, {"\xed\xa0\x80", REJECT},
+          {"\xf4\x90\x80\x80", REJECT}, {"\xf4\x8f\xbf\xbf", FULL}, {"\x80", REJECT},
+          {"\xff", REJECT}, {"\n", FULL});
+    CHECK("root ::= [\\]\\[\\-]+", {"[]-", FULL}, {"a", REJECT});
+    CHECK("root ::= [-a]", {"-", FULL}, {"a", FULL});
+}
+
+static void test_gbnf_utf8_literals_and_escapes(void **state) {
+    (void)state;
+    CHECK("root ::= \"héllo \\u00e9\\n\\t\\\"\\\\\"", {"héllo é\n\t\"\\", FULL},
+          {"hello", REJECT}, {"h\xc3", PREFIX});
+    CHECK("root ::= \"\\xe9\"", {"\xc3\xa9", FULL}, {"\xe9", REJECT});  // \x is U+00E9
+    CHECK("root ::= \"😀\"", {"\xf0\x9f\x98\x80", FULL}, {"\xf0\x9f", PREFIX});
+}
+
+/* The shape of llama.cpp's grammars/json.gbnf (objects, arrays, strings with
+ * escapes, numbers, literals, whitespace), written here from RFC 8259. */
+static const char json_gbnf[] =
+    "root   ::= object\n"
+    "value  ::= object | array | string | number | (\"true\" | \"false\" | \"null\") ws\n"
+    "\n"
+    "object ::=\n"
+    "  \"{\" ws (\n"
+    "            string \":\" ws value\n"
+    "    (\",\" ws string \":\" ws value)*\n"
+    "  )? \"}\" ws\n"
+    "\n"
+    "array  ::=\n"
+    "  \"[\" ws (\n"
+    "            value\n"
+    "    (\",\" ws value)*\n"
+    "  )? \"]\" ws\n"
+    "\n"
+    "string ::=\n"
+    "  \"\\\"\" (\n"
+    "    [^\"\\\\\\x7F\\x00-\\x1F] |\n"
+    "    \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}) # escapes\n"
+    "  )* \"\\\"\" ws\n"
+    "\n"
+    "number ::= (\"-\"? ([0-9] | [1-9] [0-9]{0,15})) (\".\" [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws\n"
+    "\n"
+    "# Optional space: by convention, applied in this grammar after literal chars when allowed\n"
+    "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n";
+
+static void test_gbnf_json_grammar(void **state) {
+    (void)state;
+    CHECK(json_gbnf, {"{}", FULL}, {"{\"a\": 1}", FULL}, {"{\"a\":[1, 2.5e3, -0.1]}", FULL},
+          {"{\"k\": {\"n\": null, \"t\": true, \"f\": false}}", FULL},
+          {"{\"s\": \"x\\n\\u00e9\\\"y\"}", FULL}, {"{\"é\": \"日本\"}", FULL},
+          {"{\"a\": 1", PREFIX}, {"{\"a", PREFIX}, {"", PREFIX},
+          {"{a: 1}", REJECT}, {"{\"a\": 01}", REJECT}, {"{\"a\": [1,]}", REJECT},
+          {"{\"a\": \"\x01\"}", REJECT}, {"{\"a\": \"\\x\"}", REJECT}, {"[1]", REJECT},
+          {"{\"a\": tru}", REJECT}, {"{} {}", REJECT}, {"{\"a\":\"\\u12g4\"}", REJECT});
+}
+
+/* A grammar that ends with a rule called last (the tail-call path) deep in
+ * recursion, and right recursion that grows the stack. */
+static void test_gbnf_recursion(void **state) {
+    (void)state;
+    const char *g = "root ::= expr\nexpr ::= \"(\" expr \")\" | \"x\"";
+    CHECK(g, {"x", FULL}, {"(x)", FULL}, {"((((x))))", FULL}, {"((x)", PREFIX},
+          {"(x))", REJECT}, {"()", REJECT});
+    char deep[4100];
+    for (int i = 0; i < 2000; i++) deep[i] = '(';
+    deep[2000] = 'x';
+    for (int i = 0; i < 2000; i++) deep[2001 + i] = ')';
+    deep[4001] = '\0';
+    assert_int_equal(match(g, deep), FULL);
+    deep[4000] = '\0';
+    assert_int_equal(match(g, deep), PREFIX);
+}
+
+static void expect_error(const char *grammar, const char *needle) {
+    struct gbnf *g = NULL;
+    char msg[256];
+    int err = gbnf_compile(grammar, strlen(grammar), &g, msg, sizeof(msg));
+    if (err != ERR_INVAL) fail_msg("grammar %s: got %d, want ERR_INVAL", grammar, err);
+    assert_null(g);
+    if (!strstr(msg, needle)) fail_msg("grammar %s: message \"%s\" lacks \"%s\"", grammar, msg, needle);
+}
+
+static void test_gbnf_errors(void **state) {
+    (void)state;
+    expect_error("", "no rule named 'root'");
+    expect_error("foo ::= \"a\"", "no rule named 'root'");
+    expect_error("root ::= valu\nvalue ::= \"a\"", "unknown rule 'valu'");
+    expect_error("root ::= (\"a\" | \"b\"", "unbalanced '('");
+    expect_error("root ::= \"a\")", "unbalanced ')'");
+    expect_error("root ::= \"abc", "unterminated string");
+    expect_error("root ::= [abc", "unterminated character class");
+    expect_error("root ::= [z-a]", "reversed");
+    expect_error("root ::= \"\\q\"", "unknown escape");
+    expect_error("root ::= \"\\xZZ\"", "bad hex digit");
+    expect_error("root ::= \"\\ud800\"", "not a Unicode scalar value");
+    expect_error("root ::= \"a\"{1001}", "repetition count over 1000");
+    expect_error("root ::= \"a\"{3,2}", "max < min");
+    expect_error("root ::= \"a\"{2", "expected '}'");
+    expect_error("root ::= root \"a\" | \"b\"", "left recursion: rule 'root'");
+    expect_error("root ::= a\na ::= b \"x\"\nb ::= a | \"y\"", "left recursion");
+    expect_error("root ::= opt root \"a\" | \"b\"\nopt ::= \"\" | \"c\"", "left recursion");
+    expect_error("root ::= (\"a\"?)*", "left recursion");
+    expect_error("root ::= \"a\"\nroot ::= \"b\"", "defined twice");
+    expect_error("root ::= \"a\" $", "unexpected character '$'");
+    expect_error("root := \"a\"", "expected '::='");
+    expect_error("root ::= \"\xff\"", "invalid UTF-8");
+    // repetition expands linearly, so only a long text reaches the item cap
+    size_t cap = 16 + 1100 * 10;
+    char *big = malloc(cap);
+    size_t len = (size_t)snprintf(big, cap, "root ::=");
+    for (int i = 0; i < 1100; i++) len += (size_t)snprintf(big + len, cap - len, " \"a\"{1000}");
+    expect_error(big, "more than 1048576 items");
+    free(big);
+    char deep[300];
+    int n = 0;
+    n += snprintf(deep, sizeof(deep), "root ::= ");
+    for (int i = 0; i < 70; i++) deep[n++] = '(';
+    deep[n++] = '"';
+    deep[n++] = 'a';
+    deep[n++] = '"';
+    for (int i = 0; i < 70; i++) deep[n++] = ')';
+    deep[n] = '\0';
+    expect_error(deep, "nested deeper than 64");
+    // the line of the error is named
+    expect_error("root ::= a\n\na ::= \"x\" |\n  bogus\n", "line 4");
+}
+
+/* Mutations of the json grammar (bytes replaced, deleted, duplicated) must
+ * compile or fail with ERR_INVAL and a message; the compiled ones must match
+ * random inputs without crashing (ASan/UBSan watch this test too). */
+static void test_gbnf_fuzz(void **state) {
+    (void)state;
+    uint64_t x = 0x5eed;
+    size_t n0 = strlen(json_gbnf);
+    char *buf = malloc(n0 * 2 + 16);
+    const char alphabet[] = "()[]{}|*+?\"\\:=-^.#\n ab0x,u";
+    int n_ok = 0;
+    int n_err = 0;
+    for (int it = 0; it < 3000; it++) {
+        memcpy(buf, json_gbnf, n0);
+        size_t n = n0;
+        int n_mut = 1 + (int)((x = x * 6364136223846793005ull + 1442695040888963407ull) >> 61);
+        for (int m = 0; m < n_mut; m++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            size_t at = (size_t)((x >> 20) % n);
+            int kind = (int)((x >> 50) % 3);
+            char c = alphabet[(x >> 8) % (sizeof(alphabet) - 1)];
+            if (kind == 0) {
+                buf[at] = c;
+            } else if (kind == 1 && n > 1) {
+                memmove(buf + at, buf + at + 1, n - at - 1);
+                n--;
+            } else {
+                memmove(buf + at + 1, buf + at, n - at);
+                buf[at] = c;
+                n++;
+            }
+        }
+        struct gbnf *g = NULL;
+        char msg[256];
+        int err = gbnf_compile(buf, n, &g, msg, sizeof(msg));
+        if (err) {
+            assert_int_equal(err, ERR_INVAL);
+            assert_true(msg[0] != '\0');
+            n_err++;
+            continue;
+        }
+        n_ok++;
+        struct grammar *gm = grammar_create(g);
+        gbnf_release(g);
+        for (int k = 0; k < 64; k++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            uint8_t b = (uint8_t)(x >> 56);
+            if (grammar_accept_bytes(gm, &b, 1) == GRAMMAR_STEP_DONE) break;
+        }
+        grammar_free(gm);
+    }
+    free(buf);
+    // both outcomes happen, so the fuzz reaches the parser's depths
+    assert_true(n_ok > 100);
+    assert_true(n_err > 100);
+}
+
+static void test_gbnf_refcount(void **state) {
+    (void)state;
+    struct gbnf *g = NULL;
+    assert_int_equal(gbnf_compile("root ::= \"a\"", 12, &g, NULL, 0), 0);
+    assert_ptr_equal(gbnf_retain(g), g);
+    gbnf_release(g);
+    assert_int_equal(g->n_rules >= 1, 1);
+    gbnf_release(g);
+    gbnf_release(NULL);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gbnf_alternation_and_literals),
+        cmocka_unit_test(test_gbnf_repetition),
+        cmocka_unit_test(test_gbnf_grouping_and_newlines),
+        cmocka_unit_test(test_gbnf_char_classes),
+        cmocka_unit_test(test_gbnf_utf8_literals_and_escapes),
+        cmocka_unit_test(test_gbnf_json_grammar),
+        cmocka_unit_test(test_gbnf_recursion),
+        cmocka_unit_test(test_gbnf_errors),
+        cmocka_unit_test(test_gbnf_fuzz),
+        cmocka_unit_test(test_gbnf_refcount),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
