@@ -23,11 +23,14 @@
 #include <stdint.h>
 
 // The engine's other public parts: the KV storage types, adapters (LoRA,
-// bottleneck), the model's tokenizer, the per-sequence sampler and the
-// stop-string matcher. engine.h is the umbrella header the scheduler and the
-// server include; each of these includes nothing of the engine but engine/base/.
+// bottleneck), the model's tokenizer, the per-sequence sampler, grammars for
+// constrained decoding and the stop-string matcher. engine.h is the umbrella
+// header the scheduler and the server include; each of these includes nothing
+// of the engine but engine/base/.
 #include "engine/format/kv_type.h"
 #include "engine/model/lora.h"
+#include "engine/text/gbnf.h"
+#include "engine/text/grammar.h"
 #include "engine/text/sampler.h"
 #include "engine/text/stop.h"
 #include "engine/text/tokenizer.h"

@@ -58,6 +58,8 @@ struct scheduler {
     int32_t *row_of;                    // owned; [max_seqs] output row of plan.seqs[i], -1: none
     int32_t *check_refs;                // owned; [n_blocks] scratch of scheduler_check()
     struct sampler_scratch *scratch;    // owned
+    struct grammar_vocab *gvocab;       // owned; built for the first constrained sequence
+    uint64_t *allow;                    // owned; [grammar_mask_words(n_vocab)] a token mask
     struct buf text;                    // owned scratch: one token's emitted text
     struct scheduler_stats cur;         // the step thread's counters
     bool stopping;
@@ -246,13 +248,42 @@ static void publish_stats(struct scheduler *s) {
     uv_mutex_unlock(&s->stats_lock);
 }
 
+/* The allowed tokens of a constrained sequence into s->allow: NULL when sq
+ * is unconstrained, or when no token continues its grammar (*is_dead set).
+ * The vocabulary's byte trie is built on first use. */
+static const uint64_t *grammar_allow(struct scheduler *s, struct seq *sq, bool *is_dead) {
+    *is_dead = false;
+    if (!sq->grammar) return NULL;
+    if (!s->gvocab) {
+        s->gvocab = grammar_vocab_create(s->tok);
+        s->allow = xmalloc(grammar_mask_words(s->n_vocab) * sizeof(*s->allow));
+        ASSERT(s->gvocab);  // bookkeeping-sized: the vocabulary's pieces
+    }
+    *is_dead = grammar_mask(sq->grammar, s->gvocab, s->allow) == 0;
+    return *is_dead ? NULL : s->allow;
+}
+
 /* Samples the row of sq, appends, emits; finishes sq if it stopped. */
 static void emit_token(struct scheduler *s, struct seq *sq, const float *row, int64_t now_ns) {
     struct sampler_result res;
     bool want_lp = sq->n_logprobs >= 0;  // filling res costs a pass over the row
-    int32_t token = sampler_sample(sq->sampler, s->scratch, row, want_lp ? &res : NULL);
+    bool is_dead = false;
+    const uint64_t *allow = grammar_allow(s, sq, &is_dead);
     buf_reset(&s->text);
+    if (is_dead) {  // nothing can continue the grammar: end here, truthfully "stop"
+        LOG_DEBUG("seq=%llu grammar has no allowed token; stopping", (unsigned long long)sq->id);
+        seq_finish_stop(sq, &s->text);
+        seq_queue_remove(&s->running, sq);
+        finish_seq(s, sq, 0);
+        return;
+    }
+    int32_t token = sampler_sample_allowed(sq->sampler, s->scratch, row, allow,
+                                           want_lp ? &res : NULL);
     enum seq_status st = seq_append(sq, token, &s->text);
+    // A grammar that is complete ends the sequence with the token's text.
+    if (sq->grammar && grammar_accept_token(sq->grammar, s->gvocab, token) == GRAMMAR_STEP_DONE &&
+        st == SEQ_STATUS_RUNNING)
+        st = seq_finish_stop(sq, &s->text);
     if (sq->channel)
         channel_push(sq->channel, token, s->text.data ? s->text.data : "", s->text.len,
                      want_lp ? &res : NULL);
@@ -684,6 +715,8 @@ void scheduler_free(struct scheduler *s) {
     free(s->row_of);
     free(s->check_refs);
     sampler_scratch_free(s->scratch);
+    grammar_vocab_free(s->gvocab);
+    free(s->allow);
     buf_free(&s->text);
     block_alloc_destroy(s->alloc);
     lora_slots_deinit(&s->loras);
@@ -755,6 +788,7 @@ int scheduler_submit(struct scheduler *s, const struct scheduler_request *req, u
         .reply_prefix = req->reply_prefix,
         .n_logprobs = req->n_logprobs,
         .adapter = req->adapter,
+        .grammar = req->grammar,
     };
     uint64_t id = atomic_fetch_add(&s->next_id, 1);
     struct seq *sq = NULL;

@@ -65,6 +65,10 @@ struct scheduler_request {
     struct engine_adapter *adapter; // NULL: the base model. Retained by a successful
                                     //    submit until the sequence is done, so the
                                     //    caller may release its own reference at once
+    struct gbnf *grammar;           // NULL: unconstrained. Retained like adapter. Each
+                                    //    token is sampled from those that keep the text
+                                    //    a prefix of the grammar's language; a grammar
+                                    //    that completes ends the sequence (STOP)
 };
 
 /* Defaults: greedy-free sampler defaults, max_tokens 16, min_tokens 0, no

@@ -75,6 +75,7 @@ int seq_create(uint64_t id, const struct tokenizer *tok, int32_t n_vocab, const 
                                                                      : SAMPLER_MAX_TOP_LOGPROBS;
     s->sampler = sampler_create(&sp, n_vocab);
     if (!s->sampler) goto fail;
+    if (p->grammar) s->grammar = grammar_create(p->grammar);
     for (int32_t i = 0; i < n_prompt; i++) sampler_accept(s->sampler, prompt[i], true);
     *out = s;
     return 0;
@@ -91,6 +92,7 @@ void seq_destroy(struct seq *s) {
     free(s->keys);
     free(s->stop_token_ids);
     sampler_free(s->sampler);
+    grammar_free(s->grammar);
     stop_matcher_free(s->stop);
     buf_free(&s->piece);
     buf_free(&s->unprefixed);
@@ -175,6 +177,13 @@ enum seq_status seq_append(struct seq *s, int32_t token, struct buf *text) {
         flush(s, text);
         s->status = SEQ_STATUS_FINISHED_LENGTH;
     }
+    return s->status;
+}
+
+enum seq_status seq_finish_stop(struct seq *s, struct buf *text) {
+    ASSERT(!seq_is_finished(s));
+    flush(s, text);
+    s->status = SEQ_STATUS_FINISHED_STOP;
     return s->status;
 }
 

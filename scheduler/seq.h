@@ -57,6 +57,7 @@ struct seq_params {
                                     //    the text's start when the reply begins with them
     int32_t n_logprobs;             // -1: none; 0: the chosen token's; k: plus top k
     struct engine_adapter *adapter; // NULL: the base model; seq_create() retains it
+    struct gbnf *grammar;           // NULL: unconstrained; seq_create() retains it
 };
 
 struct seq {
@@ -84,6 +85,7 @@ struct seq {
     uint64_t adapter_id;              // adapter identity in prefix-cache keys: the
                                       //    adapter's info.id (engine/lora.h), 0: none
     struct sampler *sampler;          // owned
+    struct grammar *grammar;          // owned; NULL: unconstrained
     struct stop_matcher *stop;        // owned; NULL without stop strings
     struct tokenizer_stream stream;   // incremental detokeniser state
     struct buf piece;                 // owned scratch: one token's text before stop matching
@@ -130,6 +132,11 @@ static inline int32_t seq_n_generated(const struct seq *s) {
  * the held-back text is flushed into text and the status set. Returns the new
  * status (RUNNING or FINISHED_STOP / FINISHED_LENGTH). [step thread] */
 enum seq_status seq_append(struct seq *s, int32_t token, struct buf *text);
+
+/* Ends a RUNNING sequence with FINISHED_STOP for a reason outside the token
+ * (its grammar completed): held-back text is flushed into text. Returns the
+ * new status. [step thread] */
+enum seq_status seq_finish_stop(struct seq *s, struct buf *text);
 
 /* Preemption by recompute: n_computed = 0; the caller releases the blocks.
  * Generated tokens, sampler and text state are kept. [step thread] */

@@ -32,6 +32,9 @@ struct req_spec {
     int32_t max_tokens;
     int32_t arrival_step;
     struct engine_adapter *adapter;  // borrowed; NULL: the base model
+    struct gbnf *grammar;            // borrowed; NULL: unconstrained
+    float temperature;               // 0: greedy
+    uint64_t seed;
 };
 
 struct result {
@@ -98,9 +101,12 @@ static void run(const struct engine_model *m, const struct scheduler_params *p,
             q.prompt = reqs[i].prompt;
             q.n_prompt = reqs[i].n_prompt;
             q.max_tokens = reqs[i].max_tokens;
-            q.sampling.temperature = 0.0f;
+            q.sampling.temperature = reqs[i].temperature;
+            q.sampling.has_seed = true;
+            q.sampling.seed = reqs[i].seed;
             q.ignore_eos = true;
             q.adapter = reqs[i].adapter;
+            q.grammar = reqs[i].grammar;
             uint64_t id;
             assert_int_equal(scheduler_submit(s, &q, &id, &ch[i]), 0);
         }
@@ -135,6 +141,9 @@ static void make_reqs(uint64_t seed, int32_t n_vocab, struct req_spec *reqs, int
         r->max_tokens = 1 + (int32_t)(rng_next(&rng) % MAX_GEN);
         r->arrival_step = (int32_t)(rng_next(&rng) % 12);
         r->adapter = NULL;
+        r->grammar = NULL;
+        r->temperature = 0.0f;
+        r->seed = 0;
     }
     reqs[0].arrival_step = 0;
 }
@@ -196,6 +205,67 @@ static void test_batch_invariance_greedy_alone_equals_batched(void **state) {
         check("llama-f32.gguf", seed, counts[k], 1024, 512, false, NULL);
         check("llama-f32.gguf", seed, counts[k], 1024, 13, true, NULL);  // chunked prefill
     }
+}
+
+/* Grammar-constrained sequences, sampled at temperature 1 with seeds: each
+ * gives the same tokens alone as among 31 others (half constrained, half
+ * not), since its mask depends only on its own grammar state. Their text is
+ * a prefix of the grammar's language, and a sequence that stopped before
+ * max_tokens stopped because the grammar was complete. */
+static void test_batch_invariance_grammar(void **state) {
+    (void)state;
+    if (!have_models()) {
+        skip();
+        return;
+    }
+    const char *text = "root ::= \"{\\\"n\\\": [\" num (\", \" num)* \"]}\"\n"
+                       "num ::= \"-\"? [0-9]{1,3}\n";
+    struct gbnf *g = NULL;
+    assert_int_equal(gbnf_compile(text, strlen(text), &g, NULL, 0), 0);
+    struct engine_model *m = load("llama-f32.gguf");
+    int32_t n_vocab = engine_model_get_info(m)->n_vocab;
+    const struct tokenizer *tok = engine_model_tokenizer(m);
+    enum { N = 32 };
+    struct req_spec reqs[N];
+    struct result alone[N], got[N];
+    make_reqs(500, n_vocab, reqs, N);
+    for (int i = 0; i < N; i += 2) {
+        reqs[i].grammar = g;
+        reqs[i].temperature = 1.0f;
+        reqs[i].seed = 1000 + (uint64_t)i;
+        reqs[i].max_tokens = MAX_GEN;
+    }
+    struct scheduler_params big = params(1024, 512, false, ENGINE_KV_TYPE_F32);
+    for (int i = 0; i < N; i++) {
+        struct req_spec one = reqs[i];
+        one.arrival_step = 0;
+        run(m, &big, &one, 1, &alone[i], NULL);
+    }
+    struct scheduler_params p = params(1024, 64, true, ENGINE_KV_TYPE_F32);
+    run(m, &p, reqs, N, got, NULL);
+    int n_stopped = 0;
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(alone[i].n_tokens, got[i].n_tokens);
+        assert_memory_equal(alone[i].tokens, got[i].tokens,
+                            (size_t)got[i].n_tokens * sizeof(int32_t));
+        if (!reqs[i].grammar) continue;
+        struct buf bytes = {0};
+        for (int32_t k = 0; k < got[i].n_tokens; k++)
+            tokenizer_token_to_piece(tok, got[i].tokens[k], false, &bytes);
+        struct grammar *gm = grammar_create(g);
+        assert_int_not_equal(grammar_accept_bytes(gm, bytes.data, bytes.len), GRAMMAR_STEP_REJECT);
+        assert_true(bytes.len > 0 && bytes.data[0] == '{');
+        if (got[i].finish == CHANNEL_FINISH_STOP) {
+            assert_true(grammar_is_accepting(gm));
+            assert_true(got[i].n_tokens <= MAX_GEN);
+            n_stopped++;
+        }
+        grammar_free(gm);
+        buf_free(&bytes);
+    }
+    (void)n_stopped;
+    gbnf_release(g);
+    engine_model_free(m);
 }
 
 static void test_batch_invariance_across_preemption(void **state) {
@@ -338,6 +408,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batch_invariance_greedy_alone_equals_batched),
         cmocka_unit_test(test_batch_invariance_across_preemption),
+        cmocka_unit_test(test_batch_invariance_grammar),
         cmocka_unit_test(test_batch_invariance_sliding_window),
         cmocka_unit_test(test_batch_invariance_quantized),
         cmocka_unit_test(test_batch_invariance_kv_types),
