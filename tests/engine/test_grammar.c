@@ -19,7 +19,7 @@
 #include "engine/base/buf.h"
 #include "engine/base/err.h"
 #include "engine/text/gbnf.h"
-#include "engine/gguf.h"
+#include "engine/format/gguf.h"
 #include "engine/text/grammar.h"
 #include "engine/text/tokenizer.h"
 #include "tests/helpers/gguf_builder.h"
