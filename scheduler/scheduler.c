@@ -263,6 +263,15 @@ static const uint64_t *grammar_allow(struct scheduler *s, struct seq *sq, bool *
     return *is_dead ? NULL : s->allow;
 }
 
+/* Ends sq with STOP without a new token (its grammar can go no further):
+ * text held back for stop strings or UTF-8 goes out first. */
+static void grammar_stop(struct scheduler *s, struct seq *sq) {
+    seq_finish_stop(sq, &s->text);
+    if (sq->channel && s->text.len) channel_push_text(sq->channel, s->text.data, s->text.len);
+    seq_queue_remove(&s->running, sq);
+    finish_seq(s, sq, 0);
+}
+
 /* Samples the row of sq, appends, emits; finishes sq if it stopped. */
 static void emit_token(struct scheduler *s, struct seq *sq, const float *row, int64_t now_ns) {
     struct sampler_result res;
@@ -272,18 +281,24 @@ static void emit_token(struct scheduler *s, struct seq *sq, const float *row, in
     buf_reset(&s->text);
     if (is_dead) {  // nothing can continue the grammar: end here, truthfully "stop"
         LOG_DEBUG("seq=%llu grammar has no allowed token; stopping", (unsigned long long)sq->id);
-        seq_finish_stop(sq, &s->text);
-        seq_queue_remove(&s->running, sq);
-        finish_seq(s, sq, 0);
+        grammar_stop(s, sq);
         return;
     }
     int32_t token = sampler_sample_allowed(sq->sampler, s->scratch, row, allow,
                                            want_lp ? &res : NULL);
+    enum grammar_step gst = GRAMMAR_STEP_OK;
+    if (sq->grammar) gst = grammar_accept_token(sq->grammar, s->gvocab, token);
+    if (gst == GRAMMAR_STEP_REJECT) {
+        // Every allowed token was banned after the mask (logit bias, min_tokens
+        // holding back the end): the sampler fell back to a token outside the
+        // grammar, which is never emitted. The output so far is what we have.
+        LOG_DEBUG("seq=%llu every grammar token was banned; stopping", (unsigned long long)sq->id);
+        grammar_stop(s, sq);
+        return;
+    }
     enum seq_status st = seq_append(sq, token, &s->text);
     // A grammar that is complete ends the sequence with the token's text.
-    if (sq->grammar && grammar_accept_token(sq->grammar, s->gvocab, token) == GRAMMAR_STEP_DONE &&
-        st == SEQ_STATUS_RUNNING)
-        st = seq_finish_stop(sq, &s->text);
+    if (gst == GRAMMAR_STEP_DONE && st == SEQ_STATUS_RUNNING) st = seq_finish_stop(sq, &s->text);
     if (sq->channel)
         channel_push(sq->channel, token, s->text.data ? s->text.data : "", s->text.len,
                      want_lp ? &res : NULL);

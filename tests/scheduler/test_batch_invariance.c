@@ -268,6 +268,49 @@ static void test_batch_invariance_grammar(void **state) {
     engine_model_free(m);
 }
 
+/* A grammar whose language is the 10 strings "{0}" .. "{9}": sampled at
+ * temperature 1, every sequence ends with STOP (not LENGTH, though
+ * max_tokens allows more) as soon as its text is one of them, in at most 3
+ * tokens (each token carries at least one byte). */
+static void test_batch_invariance_grammar_completion_stops(void **state) {
+    (void)state;
+    if (!have_models()) {
+        skip();
+        return;
+    }
+    const char *text = "root ::= \"{\" [0-9] \"}\"";
+    struct gbnf *g = NULL;
+    assert_int_equal(gbnf_compile(text, strlen(text), &g, NULL, 0), 0);
+    struct engine_model *m = load("llama-f32.gguf");
+    int32_t n_vocab = engine_model_get_info(m)->n_vocab;
+    const struct tokenizer *tok = engine_model_tokenizer(m);
+    enum { N = 8 };
+    struct req_spec reqs[N];
+    struct result got[N];
+    make_reqs(77, n_vocab, reqs, N);
+    for (int i = 0; i < N; i++) {
+        reqs[i].grammar = g;
+        reqs[i].temperature = 1.0f;
+        reqs[i].seed = 40 + (uint64_t)i;
+        reqs[i].max_tokens = MAX_GEN - 1;
+    }
+    struct scheduler_params p = params(1024, 64, true, ENGINE_KV_TYPE_F32);
+    run(m, &p, reqs, N, got, NULL);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(got[i].finish, CHANNEL_FINISH_STOP);
+        assert_true(got[i].n_tokens >= 1 && got[i].n_tokens <= 3);
+        struct buf bytes = {0};
+        for (int32_t k = 0; k < got[i].n_tokens; k++)
+            tokenizer_token_to_piece(tok, got[i].tokens[k], false, &bytes);
+        assert_int_equal(bytes.len, 3);
+        assert_true(bytes.data[0] == '{' && bytes.data[1] >= '0' && bytes.data[1] <= '9' &&
+                    bytes.data[2] == '}');
+        buf_free(&bytes);
+    }
+    gbnf_release(g);
+    engine_model_free(m);
+}
+
 static void test_batch_invariance_across_preemption(void **state) {
     (void)state;
     if (!have_models()) {
@@ -409,6 +452,7 @@ int main(void) {
         cmocka_unit_test(test_batch_invariance_greedy_alone_equals_batched),
         cmocka_unit_test(test_batch_invariance_across_preemption),
         cmocka_unit_test(test_batch_invariance_grammar),
+        cmocka_unit_test(test_batch_invariance_grammar_completion_stops),
         cmocka_unit_test(test_batch_invariance_sliding_window),
         cmocka_unit_test(test_batch_invariance_quantized),
         cmocka_unit_test(test_batch_invariance_kv_types),
