@@ -801,7 +801,7 @@ static struct gbnf *flatten(const struct builder *b, int32_t root) {
     int32_t *alts = items + n_items;
     int32_t *rule_alt0 = alts + n_alts;
     uint64_t(*sets)[4] = (uint64_t(*)[4])(mem + sets_off);
-    memcpy(sets, b->sets, (size_t)b->n_sets * sizeof(b->sets[0]));
+    if (b->n_sets) memcpy(sets, b->sets, (size_t)b->n_sets * sizeof(b->sets[0]));
     int32_t i_item = 0;
     int32_t i_alt = 0;
     for (int32_t r = 0; r < b->n_rules; r++) {
@@ -809,7 +809,7 @@ static struct gbnf *flatten(const struct builder *b, int32_t root) {
         for (int32_t a = 0; a < b->rules[r].n_alts; a++) {
             const struct ivec *v = &b->rules[r].alts[a];
             alts[i_alt++] = i_item;
-            memcpy(&items[i_item], v->v, (size_t)v->n * sizeof(int32_t));
+            if (v->n) memcpy(&items[i_item], v->v, (size_t)v->n * sizeof(int32_t));  // v->v is NULL when empty
             i_item += v->n;
             items[i_item++] = item(GBNF_OP_END, 0);
         }
