@@ -75,7 +75,10 @@ int seq_create(uint64_t id, const struct tokenizer *tok, int32_t n_vocab, const 
                                                                      : SAMPLER_MAX_TOP_LOGPROBS;
     s->sampler = sampler_create(&sp, n_vocab);
     if (!s->sampler) goto fail;
-    if (p->grammar) s->grammar = grammar_create(p->grammar);
+    if (p->grammar) {
+        s->grammar = grammar_create(p->grammar);
+        if (!s->grammar) goto fail;
+    }
     for (int32_t i = 0; i < n_prompt; i++) sampler_accept(s->sampler, prompt[i], true);
     *out = s;
     return 0;
