@@ -576,6 +576,10 @@ enum grammar_step grammar_accept_token(struct grammar *gm, const struct grammar_
     return grammar_accept_bytes(gm, v->pieces + v->piece_off[token], len);
 }
 
+bool grammar_allows_byte(struct grammar *gm, uint8_t b) {
+    return gm->cur >= 0 && trans(gm, gm->cur, b) >= 0;
+}
+
 bool grammar_is_accepting(const struct grammar *gm) {
     return gm->cur >= 0 && gm->states[gm->cur].is_accepting;
 }

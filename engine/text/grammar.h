@@ -73,6 +73,9 @@ enum grammar_step grammar_accept_token(struct grammar *gm, const struct grammar_
  * above; on REJECT the state is unchanged. */
 enum grammar_step grammar_accept_bytes(struct grammar *gm, const void *bytes, size_t len);
 
+/* True when byte b may come next; the state is unchanged. */
+bool grammar_allows_byte(struct grammar *gm, uint8_t b);
+
 /* True when the output so far is a whole sentence of the grammar. */
 bool grammar_is_accepting(const struct grammar *gm);
 
