@@ -21,6 +21,7 @@
 #include "engine/base/clock.h"
 #include "engine/base/err.h"
 #include "engine/base/log.h"
+#include "server/json_schema.h"
 
 static int fail(struct openai_error *e, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -402,6 +403,69 @@ static int parse_logprobs(json_t *root, struct openai_request *r, struct openai_
     return 0;
 }
 
+/* response_format ({"type": "text" | "json_object" | "json_schema"}) and the
+ * `grammar` extension (GBNF text, as llama.cpp's server takes it) into
+ * r->grammar, compiled here so a bad one is a 400 naming its problem. */
+static int parse_structured(json_t *root, struct openai_request *r, struct openai_error *e) {
+    json_t *rf = json_object_get(root, "response_format");
+    json_t *gr = json_object_get(root, "grammar");
+    if (gr && json_is_null(gr)) gr = NULL;
+    if (rf && json_is_null(rf)) rf = NULL;
+    if (gr && !json_is_string(gr)) return fail(e, "grammar", "'grammar' must be a string (GBNF)");
+    struct buf text = {0};
+    const char *param = "grammar";
+    if (rf) {
+        json_t *type = json_object_get(rf, "type");
+        if (!json_is_object(rf) || !json_is_string(type))
+            return fail(e, "response_format", "'response_format' must be an object with a 'type'");
+        const char *t = json_string_value(type);
+        bool is_text = strcmp(t, "text") == 0;
+        if (!is_text && strcmp(t, "json_object") != 0 && strcmp(t, "json_schema") != 0) {
+            return fail(e, "response_format", "Invalid value: '%.64s'. Supported values are: "
+                        "'json_object', 'json_schema', and 'text'.", t);
+        }
+        if (!is_text && gr) {
+            return fail(e, "grammar", "'grammar' and a 'response_format' of type '%s' cannot both "
+                        "be given", t);
+        }
+        param = "response_format";
+        if (strcmp(t, "json_object") == 0) json_schema_object_gbnf(&text);
+        if (strcmp(t, "json_schema") == 0) {
+            json_t *js = json_object_get(rf, "json_schema");
+            if (!json_is_object(js))
+                return fail(e, "response_format", "'response_format.json_schema' must be an object");
+            json_t *name = json_object_get(js, "name");
+            json_t *strict = json_object_get(js, "strict");
+            if (name && !json_is_string(name))
+                return fail(e, "response_format", "'response_format.json_schema.name' must be a string");
+            if (strict && !json_is_boolean(strict) && !json_is_null(strict))
+                return fail(e, "response_format", "'response_format.json_schema.strict' must be a boolean");
+            json_t *schema = json_object_get(js, "schema");
+            char msg[200];
+            if (!schema) {
+                json_schema_object_gbnf(&text);  // OpenAI: no schema, any object
+            } else if (json_schema_to_gbnf(schema, &text, msg, sizeof(msg))) {
+                buf_free(&text);
+                return fail(e, "response_format", "Invalid schema for response_format: %s", msg);
+            }
+        }
+    }
+    if (gr) buf_append(&text, json_string_value(gr), json_string_length(gr));
+    if (!text.len) {
+        buf_free(&text);
+        return 0;
+    }
+    char msg[200];
+    int err = gbnf_compile(text.data, text.len, &r->grammar, msg, sizeof(msg));
+    buf_free(&text);
+    if (err == ERR_INVAL) return fail(e, param, "Invalid grammar: %s", msg);
+    if (err) {
+        e->err = err;
+        snprintf(e->message, sizeof(e->message), "could not compile the grammar: %s", err_str(err));
+    }
+    return err;
+}
+
 int openai_parse(enum openai_route route, const char *body, size_t len, int32_t n_vocab,
                  struct openai_request *out, struct openai_error *e) {
     memset(out, 0, sizeof(*out));
@@ -432,6 +496,7 @@ int openai_parse(enum openai_route route, const char *body, size_t len, int32_t 
         if (!err) err = parse_prompt(root, n_vocab, out, e);
     }
     if (!err && route == OPENAI_ROUTE_CHAT) err = parse_messages(root, out, e);
+    if (!err) err = parse_structured(root, out, e);
     if (!err && out->n_prompts * out->n > OPENAI_MAX_CHOICES) {
         err = fail(e, "n", "prompts times 'n' must be at most %d", OPENAI_MAX_CHOICES);
     }
@@ -463,6 +528,7 @@ void openai_request_deinit(struct openai_request *r) {
     free(r->logit_bias);
     for (int32_t i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop_token_ids);
+    gbnf_release(r->grammar);
     memset(r, 0, sizeof(*r));
 }
 

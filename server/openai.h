@@ -72,6 +72,8 @@ struct openai_request {
     bool skip_special;                    // default true
     char reply_prefix[16];                // chat, after prepare: the template's bytes before
                                           //    a reply (chat_reply_prefix()), dropped from text
+    struct gbnf *grammar;                 // owned reference; NULL: unconstrained. From
+                                          //    response_format or the grammar extension
 };
 
 /* Parses and validates a request body (len bytes, need not be

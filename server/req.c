@@ -84,6 +84,7 @@ int req_submit(struct req *r, void (*wake)(void *), void *wake_user) {
         tokenizer_stream_init_after(&c->lp_stream, r->tok, pr->ids, pr->n_ids, oa->skip_special);
         sr.n_logprobs = oa->n_logprobs;
         sr.adapter = r->adapter;  // the scheduler retains it per sequence
+        sr.grammar = oa->grammar; // and the grammar
         int err = scheduler_submit(r->sched, &sr, &c->seq_id, &c->ch);
         if (err) {
             c->ch = NULL;
