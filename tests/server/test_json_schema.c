@@ -209,6 +209,81 @@ static void test_json_schema_errors(void **state) {
     buf_free(&deep);
 }
 
+static uint64_t rng_next_(uint64_t *x) {
+    *x = *x * 6364136223846793005ull + 1442695040888963407ull;
+    return *x >> 33;
+}
+
+/* Mutated schemas (bytes replaced, deleted, inserted) and random patterns:
+ * whatever jansson parses must convert and compile, or fail with ERR_INVAL
+ * and a message; never crash (ASan/UBSan watch this test too). */
+static void test_json_schema_fuzz(void **state) {
+    (void)state;
+    static const char *const seeds[] = {
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"^[a-z]+(x|y)"
+        "{2,3}\\\\d$\"},"
+        "\"b\":{\"$ref\":\"#/$defs/n\"},\"c\":{\"enum\":[1,\"x\",null]}},\"required\":[\"a\"],"
+        "\"additionalProperties\":false,\"$defs\":{\"n\":{\"anyOf\":[{\"type\":\"null\"},{\"$ref\":"
+        "\"#\"}]}}}",
+        "{\"type\":\"array\",\"items\":{\"type\":[\"integer\",\"string\"],\"format\":\"date\"},"
+        "\"minItems\":1,"
+        "\"maxItems\":3}",
+    };
+    const char alphabet[] = "{}[]\":,\\^$|()*+?.-0123456789azAZ ";
+    uint64_t x = 0xf00d;
+    int n_ok = 0, n_err = 0;
+    char buf[1024];
+    for (int it = 0; it < 6000; it++) {
+        const char *seed = seeds[it % 2];
+        size_t n = strlen(seed);
+        memcpy(buf, seed, n);
+        int n_mut = 1 + (int)(rng_next_(&x) % 2);
+        for (int m = 0; m < n_mut; m++) {
+            size_t at = (size_t)(rng_next_(&x) % n);
+            char c = alphabet[rng_next_(&x) % (sizeof(alphabet) - 1)];
+            int kind = (int)(rng_next_(&x) % 3);
+            if (kind == 0) {
+                buf[at] = c;
+            } else if (kind == 1 && n > 1) {
+                memmove(buf + at, buf + at + 1, n - at - 1);
+                n--;
+            } else if (n + 1 < sizeof(buf)) {
+                memmove(buf + at + 1, buf + at, n - at);
+                buf[at] = c;
+                n++;
+            }
+        }
+        json_t *schema = json_loadb(buf, n, JSON_DECODE_ANY, NULL);
+        if (!schema) continue;
+        struct buf gb = {0};
+        char msg[256];
+        int err = json_schema_to_gbnf(schema, &gb, msg, sizeof(msg));
+        json_decref(schema);
+        if (!err) {
+            struct gbnf *g = NULL;
+            err = gbnf_compile(gb.data, gb.len, &g, msg, sizeof(msg));
+            if (!err) {
+                struct grammar *gm = grammar_create(g);
+                for (int k = 0; k < 32; k++) {
+                    uint8_t b = (uint8_t)(rng_next_(&x) >> 11);
+                    if (grammar_accept_bytes(gm, &b, 1) == GRAMMAR_STEP_DONE) break;
+                }
+                grammar_free(gm);
+                gbnf_release(g);
+            }
+        }
+        buf_free(&gb);
+        if (err) {
+            if (err != ERR_INVAL) fail_msg("schema %.*s: error %d", (int)n, buf, err);
+            assert_true(msg[0] != '\0');
+            n_err++;
+        } else {
+            n_ok++;
+        }
+    }
+    assert_true(n_ok > 100 && n_err > 100);  // both sides reached
+}
+
 /* ---- sampled documents, judged by scripts/validate-json ------------------- */
 
 static uint64_t rng(uint64_t *x) {
@@ -317,6 +392,7 @@ int main(void) {
         cmocka_unit_test(test_json_schema_arrays_refs),
         cmocka_unit_test(test_json_schema_strings_pattern_format),
         cmocka_unit_test(test_json_schema_errors),
+        cmocka_unit_test(test_json_schema_fuzz),
         cmocka_unit_test(test_json_schema_sampled_documents_validate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
