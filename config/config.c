@@ -32,6 +32,9 @@ void config_init_defaults(struct config *c) {
     c->max_queue = 1024;
     c->max_body_bytes = 4LL * 1024 * 1024;
     c->request_timeout_s = 600;
+    c->idle_timeout_s = 60;
+    c->read_timeout_s = 30;
+    c->max_connections = 4096;
     c->shutdown_grace_s = 10;
     c->max_loras = 8;
     c->log_level = LOG_LEVEL_INFO;

@@ -41,6 +41,9 @@ struct config {
     int32_t max_queue;            // requests waiting before 429
     int64_t max_body_bytes;       // largest request body before 413
     int32_t request_timeout_s;    // longest a request may run; 0: no limit
+    int32_t idle_timeout_s;       // a connection silent this long is closed; 0: never
+    int32_t read_timeout_s;       // longest to receive one request in full; 0: no limit
+    int32_t max_connections;      // open HTTP connections at most
     int32_t shutdown_grace_s;     // how long running streams may finish on SIGTERM
     char *api_keys[CONFIG_MAX_API_KEYS];  // owned; empty list: no auth
     int32_t n_api_keys;

@@ -56,6 +56,13 @@ const struct setting setting_table[] = {
      "largest request body; larger gets 413"},
     {"request-timeout", 0, "request_timeout", SETTING_KIND_I32, OFF(request_timeout_s), 0,
      7 * 24 * 3600, "SEC", "longest a request may run, 0 = no limit"},
+    {"idle-timeout", 0, "idle_timeout", SETTING_KIND_I32, OFF(idle_timeout_s), 0, 24 * 3600,
+     "SEC", "close a connection that sends and reads nothing this long, 0 = never"},
+    {"read-timeout", 0, "read_timeout", SETTING_KIND_I32, OFF(read_timeout_s), 0, 24 * 3600,
+     "SEC", "close a connection whose request has not fully arrived this long after it opened "
+     "or its last answer ended (slowloris), 0 = no limit"},
+    {"max-connections", 0, "max_connections", SETTING_KIND_I32, OFF(max_connections), 1,
+     1 << 20, "N", "open HTTP connections at most; more wait in the listen backlog"},
     {"shutdown-grace", 0, "shutdown_grace", SETTING_KIND_I32, OFF(shutdown_grace_s), 0, 3600,
      "SEC", "on SIGINT/SIGTERM, how long running requests may finish"},
     {"api-key", 0, "api_keys", SETTING_KIND_KEY, OFF(api_keys), 0, 0, "KEY",

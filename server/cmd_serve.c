@@ -244,6 +244,9 @@ int cmd_serve(int argc, char **argv) {
     hp.port = cfg.port;
     hp.max_body_bytes = cfg.max_body_bytes;
     hp.request_timeout_s = cfg.request_timeout_s;
+    hp.idle_timeout_s = cfg.idle_timeout_s;
+    hp.read_timeout_s = cfg.read_timeout_s;
+    hp.max_connections = cfg.max_connections;
     err = http_start(&hp, &app, &http);
     if (err) goto done;
     // The one line that says the server is ready, with the URL to open: the

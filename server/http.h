@@ -30,7 +30,10 @@ struct http_params {
     int64_t max_body_bytes;      // larger bodies get 413
     int32_t request_timeout_s;   // 0: none
     int32_t heartbeat_s;         // idle streams get an SSE comment this often
-    int32_t max_connections;
+    int32_t max_connections;     // open connections at most; more wait in the listen backlog
+    int32_t idle_timeout_s;      // a connection with no traffic this long is closed (0: never)
+    int32_t read_timeout_s;      // a request not received in full this long after the
+                                 //    connection opened or its last response: closed (0: never)
 };
 
 struct http_params http_default_params(void);

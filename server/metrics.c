@@ -80,6 +80,9 @@ void metrics_format(struct buf *out, const struct scheduler_stats *st, const dou
            sv->n_open_streams);
     metric(out, "llmserve_http_requests_in_progress", "gauge",
            "HTTP requests received and not yet completed (this one included).", sv->n_http_active);
+    metric(out, "llmserve_http_read_timeouts_total", "counter",
+           "Connections closed because a request was not received in full within "
+           "--read-timeout.", sv->n_read_timeouts);
     histogram(out, "llmserve_time_to_first_token_seconds", "Submit to first token.", &st->ttft,
               bucket_ms);
     histogram(out, "llmserve_inter_token_latency_seconds", "Time between tokens of a sequence.",
@@ -95,4 +98,5 @@ void metrics_live_read(struct metrics_live *l, struct metrics_server *out) {
     out->n_disconnects = atomic_load(&l->n_disconnects);
     out->n_open_streams = atomic_load(&l->n_streams);
     out->n_http_active = atomic_load(&l->n_active);
+    out->n_read_timeouts = atomic_load(&l->n_read_timeouts);
 }

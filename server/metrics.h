@@ -22,6 +22,7 @@ struct metrics_server {
     int64_t n_disconnects;     // clients that went away before their stream ended
     int32_t n_open_streams;    // streaming responses in progress
     int32_t n_http_active;     // requests received and not yet completed (this one included)
+    int64_t n_read_timeouts;   // connections closed for not sending a request in time
     int32_t n_lora_adapters;   // adapters in the registry (served by name)
     int32_t n_lora_loads_queued;   // runtime adapter loads waiting for the loader thread
     int32_t n_lora_loads_running;  // runtime adapter loads in progress (0 or 1)
@@ -38,6 +39,7 @@ struct metrics_live {
     atomic_llong n_disconnects;
     atomic_int n_streams;
     atomic_int n_active;
+    atomic_llong n_read_timeouts;   // connections closed by --read-timeout
 };
 
 /* Copies the live counters into the fields of out they name. [any thread] */

@@ -815,7 +815,11 @@ char *openai_chat_json(const struct openai_meta *meta, const struct openai_choic
 char *openai_error_json(const char *message, const char *type, const char *param,
                         const char *code) {
     json_t *err = json_object();
-    json_object_set_new(err, "message", json_string(message));
+    // A message cut at its buffer's end may end in part of a character
+    // (a client's name quoted with %.128s): keep its valid UTF-8 prefix.
+    size_t len = strlen(message);
+    while (len && !tokenizer_utf8_valid(message, len)) len--;
+    json_object_set_new(err, "message", json_stringn(message, len));
     json_object_set_new(err, "type", json_string(type));
     json_object_set_new(err, "param", param ? json_string(param) : json_null());
     json_object_set_new(err, "code", code ? json_string(code) : json_null());

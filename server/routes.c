@@ -141,17 +141,19 @@ static enum route_result handle_tokenize(const struct routes_ctx *ctx, struct re
     json_t *p = json_object_get(root, "prompt");
     if (!p) p = json_object_get(root, "content");  // llama.cpp's name
     json_t *add = json_object_get(root, "add_special_tokens");
-    if (!json_is_string(p) || (add && !json_is_boolean(add))) {
+    if (!json_is_string(p) || (add && !json_is_null(add) && !json_is_boolean(add))) {
+        bool bad_prompt = !json_is_string(p);
         json_decref(root);
-        routes_error(out, 400, "'prompt' must be a string and 'add_special_tokens' a boolean",
-                     "prompt", NULL);
+        routes_error(out, 400, bad_prompt ? "'prompt' must be a string"
+                                          : "'add_special_tokens' must be a boolean",
+                     bad_prompt ? "prompt" : "add_special_tokens", NULL);
         return ROUTE_RESULT_REPLY;
     }
     const struct tokenizer *tok = engine_model_tokenizer(ctx->model);
     int32_t *ids = NULL;
     int32_t n = 0;
     int err = tokenizer_encode(tok, json_string_value(p), json_string_length(p),
-                               !add || json_is_true(add), true, &ids, &n);
+                               !json_is_false(add), true, &ids, &n);
     json_decref(root);
     if (err) {
         routes_error(out, status_for_err(err),

@@ -121,7 +121,8 @@ static void test_config_help_lists_every_flag(void **state) {
     fclose(fp);
     const char *flags[] = {"--host", "--port", "--model", "--model-name", "--threads",
                            "--kv-memory", "--block-size", "--max-seqs", "--max-batch-tokens",
-                           "--max-queue", "--max-body", "--request-timeout", "--shutdown-grace",
+                           "--max-queue", "--max-body", "--request-timeout", "--idle-timeout",
+                           "--read-timeout", "--max-connections", "--shutdown-grace",
                            "--api-key", "--api-key-file", "--log-level", "--config", "--help"};
     for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) {
         assert_non_null(strstr(text, flags[i]));
