@@ -1,5 +1,5 @@
 /*
- * file.c - mmap of whole files and the checked cursor.
+ * file.c - whole files read into private memory, and the checked cursor.
  */
 #define LOG_TAG "file"
 #include "engine/base/file.h"
@@ -14,6 +14,8 @@
 
 #include "engine/base/err.h"
 #include "engine/base/log.h"
+
+enum { FILE_READ_CHUNK = 1 << 30 };  // bytes per pread (Linux stops one at 2 GiB)
 
 int file_map(const char *path, struct file_map *out) {
     out->data = NULL;
@@ -38,14 +40,35 @@ int file_map(const char *path, struct file_map *out) {
         close(fd);
         return 0;
     }
-    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
+    // The bytes are copied into anonymous memory, not mapped from the file: a
+    // mapping of the file would turn its truncation while in use (a model
+    // replaced in place, a copy over it) into SIGBUS at the next access of a
+    // page that is gone. A copy is never read from the file again.
+    const size_t size = (size_t)st.st_size;
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
-        LOG_ERROR("%s: cannot map %s: %s", __func__, path, strerror(errno));
-        return ERR_IO;
+        LOG_ERROR("%s: cannot allocate %zu bytes for %s: %s", __func__, size, path,
+                  strerror(errno));
+        close(fd);
+        return ERR_NOMEM;
     }
+    for (size_t done = 0; done < size;) {
+        size_t want = size - done < FILE_READ_CHUNK ? size - done : FILE_READ_CHUNK;
+        ssize_t n = pread(fd, (uint8_t *)p + done, want, (off_t)done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            LOG_ERROR("%s: cannot read %s: %s", __func__, path,
+                      n < 0 ? strerror(errno) : "the file shrank while it was read");
+            munmap(p, size);
+            close(fd);
+            return ERR_IO;
+        }
+        done += (size_t)n;
+    }
+    close(fd);
+    mprotect(p, size, PROT_READ);  // read-only, as the file's mapping was
     out->data = p;
-    out->size = (size_t)st.st_size;
+    out->size = size;
     return 0;
 }
 

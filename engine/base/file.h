@@ -1,5 +1,5 @@
 /*
- * file.h - read-only whole-file mappings and a bounds-checked cursor for
+ * file.h - whole files read into read-only private memory, and a bounds-checked cursor for
  * parsers of hostile files (GGUF, safetensors).
  *
  * A cursor never reads past its end: every read checks the remaining length
@@ -13,13 +13,17 @@
 #include <stdint.h>
 
 struct file_map {
-    const uint8_t *data;  // view of the whole file; owned (munmap in file_unmap)
+    const uint8_t *data;  // the whole file's bytes, page-aligned, read-only; owned (file_unmap)
     size_t size;          // bytes in the file
 };
 
-/* Maps path read-only into *out. Returns 0, ERR_IO (cannot open/stat/map; the
- * reason is logged with the path) or ERR_FORMAT (not a regular file). An empty
- * file maps to data == NULL, size == 0. */
+/* Reads path whole into private read-only memory (*out). The file is not
+ * mapped, so whatever happens to it afterwards (truncated, rewritten,
+ * deleted) the bytes stay as they were read: a model being served is never
+ * read from its file again. Returns 0, ERR_IO (cannot open/stat/read, or the
+ * file shrank while being read; the reason is logged with the path),
+ * ERR_NOMEM or ERR_FORMAT (not a regular file). An empty file gives
+ * data == NULL, size == 0. */
 int file_map(const char *path, struct file_map *out);
 
 /* Unmaps; safe on a zeroed or already unmapped struct. */

@@ -400,9 +400,11 @@ static int load_tensors(struct loader *ld) {
     return 0;
 }
 
-/* Gives back the mapped pages wholly inside [p, p + n): they were copied into
- * panels, and a read-only private file mapping re-reads them from the file
- * if anything touches them again (the embedding rows of a tied output). */
+/* Gives back the pages wholly inside [p, p + n): they were copied into
+ * panels and are never read again. The file's bytes are private anonymous
+ * memory (file_map), so a dropped page would read back as zeros: the caller
+ * keeps the pages of a tensor that is still read (the token embedding of a
+ * tied output, whose rows the embedding lookup reads). */
 static void drop_pages(const void *p, size_t n) {
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     uintptr_t lo = ((uintptr_t)p + page - 1) & ~(page - 1);
@@ -413,8 +415,9 @@ static void drop_pages(const void *p, size_t n) {
 /* Copies every matrix that kern_matmul() multiplies into the panel layout
  * (f32/f16/bf16) or the q-panel layout (quantized types; kernels.h), in one
  * anonymous mapping the model owns, and
- * drops the copied pages of the file mapping, so resident memory stays about
- * one copy of the weights. */
+ * drops the copied pages of the file's bytes (all but a tied output's, which
+ * the embedding lookup still reads), so resident memory stays about one copy
+ * of the weights. */
 static int pack_panels(struct loader *ld) {
     struct engine_model *m = ld->m;
     const int64_t n_mats = 7 * (int64_t)m->hp.n_layer + 1;
@@ -444,8 +447,9 @@ static int pack_panels(struct loader *ld) {
     madvise(p, bytes, MADV_HUGEPAGE);  // fewer TLB misses while streaming them
     m->panels = p;
     m->panels_bytes = bytes;
-    // Packing reads every weight from the file once: that is the load's long
-    // part, so its progress is the bytes read.
+    // Packing reads every weight once (from the file's bytes in memory,
+    // file_map): that is the load's long part, so its progress is the bytes
+    // packed.
     size_t in_bytes = 0;
     for (int64_t i = 0; i < n_mats; i++) {
         if (kern_panel_supports(mats[i]->type)) {
@@ -462,7 +466,7 @@ static int pack_panels(struct loader *ld) {
         kern_panel_pack(t, cur);
         t->panels = cur;
         cur += kern_panel_bytes(t);
-        drop_pages(t->data, (size_t)t->ne[1] * t->row_bytes);
+        if (t != m->tok_embd) drop_pages(t->data, (size_t)t->ne[1] * t->row_bytes);
         in_done += (size_t)t->ne[1] * t->row_bytes;
         if (ld->show_progress) progress_update(&pr, (int64_t)in_done);
     }

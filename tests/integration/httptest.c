@@ -56,10 +56,15 @@ static int free_port(void) {
 }
 
 void httptest_start(struct httptest_server *s, const char *model, const char *extra_args) {
+    httptest_start_port(s, model, 0, extra_args);
+}
+
+void httptest_start_port(struct httptest_server *s, const char *model, int port_wanted,
+                         const char *extra_args) {
     signal(SIGPIPE, SIG_IGN);  // a test writing to a closed socket gets EPIPE instead
     memset(s, 0, sizeof(*s));
     for (int attempt = 0; attempt < 5; attempt++) {
-        s->port = free_port();
+        s->port = port_wanted ? port_wanted : free_port();
         snprintf(s->log_path, sizeof(s->log_path), "%s/tests/integration/serve-%d.log",
                  testutil_build_dir(), s->port);
         char args[2048];

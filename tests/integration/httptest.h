@@ -33,6 +33,9 @@ const char *httptest_model(const char *name);
 /* Starts `llmserve serve -m model --port P` plus extra_args (split on spaces;
  * may be NULL) and waits for /health to answer 200. Asserts on failure. */
 void httptest_start(struct httptest_server *s, const char *model, const char *extra_args);
+/* httptest_start on a given port (0: a free one, as httptest_start). */
+void httptest_start_port(struct httptest_server *s, const char *model, int port_wanted,
+                         const char *extra_args);
 
 /* Sends sig (if > 0) and waits for the process. Returns its exit status, or
  * -1 when it died of a signal. */

@@ -68,6 +68,27 @@ static void test_file_map_reads_a_file(void **state) {
     unlink(p);
 }
 
+/* The bytes stay as read when the file is truncated or rewritten afterwards
+ * (a mapping of the file would raise SIGBUS on a truncated page). */
+static void test_file_map_survives_truncation(void **state) {
+    struct tmp *t = *state;
+    enum { N = 3 * 4096 + 5 };  // pages and a partial one
+    uint8_t *bytes = malloc(N);
+    assert_non_null(bytes);
+    for (size_t i = 0; i < N; i++) bytes[i] = (uint8_t)(i * 7 + 1);
+    const char *p = tmp_file(t, "t.bin", bytes, N);
+    struct file_map m;
+    assert_int_equal(file_map(p, &m), 0);
+    assert_int_equal(m.size, N);
+    assert_int_equal(truncate(p, 0), 0);
+    assert_memory_equal(m.data, bytes, N);
+    tmp_file(t, "t.bin", "other", 5);  // rewritten in place
+    assert_memory_equal(m.data, bytes, N);
+    file_unmap(&m);
+    free(bytes);
+    unlink(p);
+}
+
 static void test_file_map_missing_is_io(void **state) {
     struct tmp *t = *state;
     char p[2048];
@@ -206,6 +227,7 @@ static void test_file_cursor_skip_and_bytes(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_file_map_reads_a_file),
+        cmocka_unit_test(test_file_map_survives_truncation),
         cmocka_unit_test(test_file_map_missing_is_io),
         cmocka_unit_test(test_file_map_directory_is_format),
         cmocka_unit_test(test_file_map_empty_file),

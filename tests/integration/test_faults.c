@@ -1,0 +1,139 @@
+/*
+ * test_faults.c - faults around a running server: its model file truncated
+ * and rewritten while it serves, and SIGKILL under load followed by a
+ * restart on the same port. The oracle for "still correct" is stories260K's
+ * known greedy text (../shared/models/README.md), or without ../shared the
+ * synthetic model's answer before the fault.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "tests/helpers/testutil.h"
+#include "tests/integration/httptest.h"
+
+/* ../shared/models/README.md, B: the 30 greedy tokens after "Once upon a time". */
+static const char GREEDY_30[] =
+    ", there was a little girl named Lily. She loved to play outside in the park. One day,";
+static const char REQUEST[] =
+    "{\"prompt\":\"Once upon a time\",\"max_tokens\":30,\"temperature\":0}";
+
+/* The model the tests serve, and the text REQUEST must get from it (NULL:
+ * not known in advance; the first answer is the reference). */
+static const char *model_source(const char **want) {
+    const char *shared = testutil_shared_dir();
+    const char *stories = shared ? testutil_path(shared, "models/stories260K.gguf") : NULL;
+    if (stories && testutil_exists(stories)) {
+        *want = GREEDY_30;
+        return stories;
+    }
+    print_message("note: ../shared is absent; the synthetic model's first answer is the oracle\n");
+    *want = NULL;
+    return httptest_model("llama-f32");
+}
+
+/* REQUEST's text from the server on port (a malloc'd string), asserting 200. */
+static char *greedy_text(int port) {
+    struct httptest_resp r;
+    int st = httptest_request(port, "POST", "/v1/completions", NULL, REQUEST, &r);
+    if (st != 200) fail_msg("completion answered %d: %s", st, r.body ? r.body : "");
+    char *text = httptest_json_str(r.body, "text");
+    assert_non_null(text);
+    httptest_resp_free(&r);
+    return text;
+}
+
+static void copy_file(const char *from, const char *to) {
+    size_t n = 0;
+    char *data = testutil_read_file(from, &n);
+    assert_non_null(data);
+    FILE *fp = fopen(to, "wb");
+    assert_non_null(fp);
+    assert_int_equal(fwrite(data, 1, n, fp), n);
+    assert_int_equal(fclose(fp), 0);
+    free(data);
+}
+
+/* The model file is truncated to nothing, then rewritten with other bytes,
+ * while the server runs: it goes on answering exactly as before (it read the
+ * file once; with the file mapped, the next forward pass died of SIGBUS). */
+static void test_model_truncated_while_serving(void **state) {
+    (void)state;
+    const char *want = NULL;
+    const char *src = model_source(&want);
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/tests/integration/faults-model-%d.gguf",
+             testutil_build_dir(), (int)getpid());
+    copy_file(src, path);
+    struct httptest_server s;
+    httptest_start(&s, path, NULL);
+    char *before = greedy_text(s.port);
+    if (want) assert_string_equal(before, want);
+    assert_int_equal(truncate(path, 0), 0);
+    char *after = greedy_text(s.port);
+    assert_string_equal(after, before);
+    free(after);
+    FILE *fp = fopen(path, "wb");  // rewritten in place with garbage
+    assert_non_null(fp);
+    for (int i = 0; i < 4096; i++) fputc(i * 31, fp);
+    assert_int_equal(fclose(fp), 0);
+    after = greedy_text(s.port);
+    assert_string_equal(after, before);
+    free(after);
+    free(before);
+    assert_int_equal(httptest_stop(&s, SIGTERM), 0);
+    unlink(path);
+}
+
+/* SIGKILL while streams run (no drain, no cleanup), then a restart on the
+ * same port: it binds again at once and answers correctly. */
+static void test_sigkill_then_restart(void **state) {
+    (void)state;
+    const char *want = NULL;
+    const char *model = model_source(&want);
+    struct httptest_server s;
+    httptest_start(&s, model, NULL);
+    char *before = greedy_text(s.port);
+    if (want) assert_string_equal(before, want);
+    const char *body = "{\"prompt\":\"Once\",\"max_tokens\":400,\"ignore_eos\":true,"
+                       "\"stream\":true}";
+    enum { N = 8 };
+    int fds[N];
+    for (int i = 0; i < N; i++) {
+        fds[i] = httptest_send(s.port, "POST", "/v1/completions", NULL, body);
+        assert_true(fds[i] >= 0);
+    }
+    assert_true(httptest_recv_until(fds[N - 1], "data: ", 1 << 20));  // streaming
+    int port = s.port;
+    assert_int_equal(kill(s.pid, SIGKILL), 0);
+    int st = 0;
+    assert_int_equal(waitpid(s.pid, &st, 0), s.pid);
+    assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+    s.pid = 0;
+    for (int i = 0; i < N; i++) close(fds[i]);
+    struct httptest_server s2;
+    httptest_start_port(&s2, model, port, NULL);
+    assert_int_equal(s2.port, port);
+    char *after = greedy_text(s2.port);
+    assert_string_equal(after, before);
+    free(after);
+    free(before);
+    assert_int_equal(httptest_stop(&s2, SIGTERM), 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_model_truncated_while_serving),
+        cmocka_unit_test(test_sigkill_then_restart),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
