@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
@@ -130,10 +131,66 @@ static void test_sigkill_then_restart(void **state) {
     assert_int_equal(httptest_stop(&s2, SIGTERM), 0);
 }
 
+/* --request-timeout: a stream that runs longer ends with an OpenAI error
+ * event (code request_timeout); a plain request queued behind
+ * it (--max-seqs 1) gets 504 with an OpenAI error; the server then answers
+ * at once. n = 8 x 2000 tokens take several seconds here (3.6 s for n = 4
+ * unloaded-ish), against the limit of 1 s. */
+static void test_request_timeout(void **state) {
+    (void)state;
+    struct httptest_server s;
+    httptest_start(&s, httptest_model("llama256-f32"), "--request-timeout 1 --max-seqs 8");
+    const char *body = "{\"prompt\":\"x\",\"max_tokens\":2000,\"n\":8,\"ignore_eos\":true%s}";
+    char stream_body[256];
+    snprintf(stream_body, sizeof(stream_body), body, ",\"stream\":true");
+    char plain_body[256];
+    snprintf(plain_body, sizeof(plain_body), body, "");
+    int fd_stream = httptest_send(s.port, "POST", "/v1/completions", NULL, stream_body);
+    assert_true(fd_stream >= 0);
+    assert_true(httptest_recv_until(fd_stream, "data: ", 1 << 20));  // running
+    int fd_plain = httptest_send(s.port, "POST", "/v1/completions", NULL, plain_body);
+    assert_true(fd_plain >= 0);
+    struct httptest_resp r;
+    assert_int_equal(httptest_recv(fd_plain, &r), 504);
+    assert_true(httptest_is_openai_error(r.body));
+    char *code = httptest_json_str(r.body, "code");
+    assert_string_equal(code, "request_timeout");
+    free(code);
+    httptest_resp_free(&r);
+    // The rest of the stream (its headers were read above), to its end.
+    size_t cap = 1 << 16;
+    size_t len = 0;
+    char *rest = malloc(cap);
+    assert_non_null(rest);
+    for (ssize_t n; (n = recv(fd_stream, rest + len, cap - len - 1, 0)) > 0;) {
+        len += (size_t)n;
+        if (cap - len < 4096) {
+            cap *= 2;
+            rest = realloc(rest, cap);
+            assert_non_null(rest);
+        }
+    }
+    rest[len] = 0;
+    close(fd_stream);
+    // The error event, then (as vLLM does) the choices' ends and [DONE].
+    const char *err_event = strstr(rest, "data: {\"error\":");
+    assert_non_null(err_event);
+    assert_non_null(strstr(err_event, "\"code\":\"request_timeout\""));
+    const char *done = strstr(rest, "data: [DONE]");
+    assert_true(!done || done > err_event);
+    free(rest);
+    assert_int_equal(httptest_request(s.port, "POST", "/v1/completions", NULL,
+                                      "{\"prompt\":\"x\",\"max_tokens\":2}", &r),
+                     200);
+    httptest_resp_free(&r);
+    assert_int_equal(httptest_stop(&s, SIGTERM), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_model_truncated_while_serving),
         cmocka_unit_test(test_sigkill_then_restart),
+        cmocka_unit_test(test_request_timeout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
