@@ -4,7 +4,7 @@
  * many sequences.
  *
  * What the engine owns and what it does not: the engine owns the weights (a
- * view into the mapped GGUF file), the activation scratch (sized once, at
+ * view into the GGUF file's bytes, read into memory), the activation scratch (sized once, at
  * context creation, for the largest batch) and the KV block storage (one pool
  * of n_blocks blocks allocated once). It does NOT decide which block belongs to
  * which sequence: the caller (the scheduler) passes each sequence's block

@@ -1,8 +1,9 @@
 /*
  * gguf.h - reader of GGUF v2 and v3 files (the llama.cpp model format).
  *
- * The file is mapped read-only; keys, strings and tensor data are views into
- * the mapping, valid until gguf_close(). Everything the file claims (counts,
+ * The file is read whole into private read-only memory (file_map, never
+ * mapped from the file); keys, strings and tensor data are views into those
+ * bytes, valid until gguf_close(). Everything the file claims (counts,
  * lengths, offsets, sizes, types, alignment) is checked against the file size,
  * overflow included, before it is used: a truncated, corrupt or unsupported
  * file makes gguf_open() fail with a logged message naming what is wrong.
@@ -47,7 +48,7 @@ enum gguf_type {
 
 /* A string in the file: not NUL-terminated, may contain any bytes. */
 struct gguf_str {
-    const char *data;  // view into the mapping
+    const char *data;  // view into the file's bytes
     uint64_t len;
 };
 
@@ -67,7 +68,7 @@ struct gguf_tensor_info {
     uint32_t type;              // ggml type id (enum quant_type)
     uint64_t offset;            // from the start of the data section
     size_t nbytes;              // bytes of data, from the type's block layout
-    const void *data;           // view into the mapping, aligned to the file's alignment
+    const void *data;           // view into the file's bytes, aligned to the file's alignment
 };
 
 struct gguf_file;

@@ -9,7 +9,7 @@
  *      optional "__metadata__" object of string values; may end in spaces
  *   3. the data section: offsets are relative to its start (byte 8 + N)
  *
- * The file is mapped read-only. Everything it claims is checked before use:
+ * The file is read whole into private read-only memory (file_map). Everything it claims is checked before use:
  * N against the file size and a 100 MiB cap, JSON shape and types, duplicate
  * names, dtypes (F32, F16, BF16 are read; the other safetensors dtypes are
  * ERR_UNSUPPORTED, anything else ERR_FORMAT), every data_offsets pair against
@@ -41,7 +41,7 @@ struct safetensors_tensor {
     int64_t shape[SAFETENSORS_MAX_DIMS];  // PyTorch order: shape[n_dims - 1] is contiguous
     int64_t n_elements;                   // product of shape (1 for a scalar)
     size_t nbytes;                        // = n_elements * element size
-    const void *data;                     // view into the mapping; NOT aligned (read with memcpy)
+    const void *data;                     // view into the file's bytes; NOT aligned (read with memcpy)
 };
 
 struct safetensors_file;
