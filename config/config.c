@@ -54,6 +54,7 @@ void config_deinit(struct config *c) {
         free(c->api_keys[i]);
     }
     free(c->api_key_file);
+    free(c->lora_dir);
     for (int32_t i = 0; i < c->n_loras; i++) {
         free(c->lora_names[i]);
         free(c->lora_paths[i]);

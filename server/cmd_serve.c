@@ -11,7 +11,10 @@
  * the main thread, so no handler runs inside a library.
  */
 #define LOG_TAG "serve"
+#include <arpa/inet.h>
+#include <limits.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +33,7 @@
 #include "server/cmd.h"
 #include "server/http.h"
 #include "server/lora_loader.h"
+#include "server/lora_path.h"
 #include "server/lora_registry.h"
 #include "server/routes.h"
 
@@ -114,13 +118,23 @@ static void describe_model(const struct config *cfg, struct engine_model *model,
                                               : "unsupported (chat requests get 400)");
 }
 
+/* Whether host (an IPv4 address, or "localhost") is a loopback address
+ * (127.0.0.0/8): only this machine reaches the server. */
+static bool is_loopback(const char *host) {
+    if (strcmp(host, "localhost") == 0) return true;
+    struct in_addr a;
+    return inet_pton(AF_INET, host, &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
+}
+
 /* Adapters of --lora, loaded before the port opens, and the runtime loader:
  * into *loras and *loader (owned by the caller, also on failure), and app.
+ * --lora-dir is made canonical into lora_dir [lora_dir_size], which
+ * app->lora_dir then points to (so it must outlive the server).
  * Returns 0, or -1 when one fails to load (logged; the engine logged which
- * file and tensor): that stops the server. */
+ * file and tensor) or --lora-dir is not a directory: that stops the server. */
 static int start_loras(const struct config *cfg, struct engine_model *model,
                        struct routes_ctx *app, struct lora_registry **loras,
-                       struct lora_loader **loader) {
+                       struct lora_loader **loader, char *lora_dir, size_t lora_dir_size) {
     char msg[512];
     *loras = lora_registry_create(model, app->om.name);
     if (!*loras) return -1;
@@ -134,6 +148,16 @@ static int start_loras(const struct config *cfg, struct engine_model *model,
     }
     app->loras = *loras;
     app->allow_runtime_lora = cfg->allow_runtime_lora;
+    if (cfg->lora_dir) {
+        if (lora_path_dir(cfg->lora_dir, lora_dir, lora_dir_size, msg, sizeof(msg)) != 0) {
+            LOG_ERROR("%s", msg);
+            return -1;
+        }
+        app->lora_dir = lora_dir;
+    } else if (cfg->allow_runtime_lora) {
+        LOG_WARN("--allow-runtime-lora without --lora-dir: POST /v1/load_lora_adapter may read "
+                 "any file this process can");
+    }
     if (cfg->allow_runtime_lora) {
         *loader = lora_loader_create(*loras);
         if (!*loader) return -1;
@@ -237,7 +261,11 @@ int cmd_serve(int argc, char **argv) {
         auth = auth_create((const char *const *)cfg.api_keys, cfg.n_api_keys);
         app.auth = auth;
     }
-    if (cfg.max_loras > 0 && start_loras(&cfg, model, &app, &loras, &loader) != 0) goto done;
+    char lora_dir[PATH_MAX];
+    if (cfg.max_loras > 0 &&
+        start_loras(&cfg, model, &app, &loras, &loader, lora_dir, sizeof(lora_dir)) != 0) {
+        goto done;
+    }
 
     struct http_params hp = http_default_params();
     hp.host = cfg.host;
@@ -249,6 +277,11 @@ int cmd_serve(int argc, char **argv) {
     hp.max_connections = cfg.max_connections;
     err = http_start(&hp, &app, &http);
     if (err) goto done;
+    if (!auth && !is_loopback(cfg.host)) {
+        LOG_WARN("listening on %s without an API key: anyone who reaches port %d can use the "
+                 "server; set --api-key or --api-key-file",
+                 cfg.host, (int)cfg.port);
+    }
     // The one line that says the server is ready, with the URL to open: the
     // playground (GET /) and the API beside it. 0.0.0.0 listens on every
     // address; a browser on this machine reaches it as 127.0.0.1.

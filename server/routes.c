@@ -4,6 +4,7 @@
 #define LOG_TAG "routes"
 #include "server/routes.h"
 
+#include <limits.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +17,7 @@
 #include "engine/base/err.h"
 #include "engine/base/log.h"
 #include "server/lora_loader.h"
+#include "server/lora_path.h"
 #include "server/lora_registry.h"
 #include "server/metrics.h"
 #include "server/req.h"
@@ -375,6 +377,20 @@ static enum route_result handle_load_lora(const struct routes_ctx *ctx, struct r
         return ROUTE_RESULT_REPLY;
     }
     char msg[512];
+    char resolved[PATH_MAX];
+    if (ctx->lora_dir) {
+        int err = lora_path_resolve(ctx->lora_dir, path, resolved, sizeof(resolved), msg,
+                                    sizeof(msg));
+        if (err) {
+            json_decref(root);
+            const char *code = err == ERR_PERM       ? "lora_path_forbidden"
+                               : err == ERR_NOTFOUND ? "lora_load_failed"
+                                                     : "invalid_lora_path";
+            routes_error(out, err == ERR_PERM ? 403 : 400, msg, "lora_path", code);
+            return ROUTE_RESULT_REPLY;
+        }
+        path = resolved;
+    }
     int err = lora_loader_submit(ctx->lora_loader, name, path, slot_wake, r->slot, &r->load, msg,
                                  sizeof(msg));
     json_decref(root);

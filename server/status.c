@@ -10,6 +10,7 @@ int status_for_err(int err) {
     case 0: return 200;
     case ERR_INVAL: return 400;
     case ERR_TOOLONG: return 400;
+    case ERR_PERM: return 403;
     case ERR_NOTFOUND: return 404;
     case ERR_FULL: return 429;
     case ERR_SHUTDOWN: return 503;

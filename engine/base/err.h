@@ -18,7 +18,8 @@
     X(FULL,         -7, "capacity exhausted")                   \
     X(TOOLONG,      -8, "longer than the context allows")       \
     X(CANCELED,     -9, "canceled")                             \
-    X(SHUTDOWN,    -10, "shutting down")
+    X(SHUTDOWN,    -10, "shutting down")                       \
+    X(PERM,        -11, "not permitted")
 
 enum err_code {
 #define ERR_ENUM_(name, value, msg) ERR_##name = (value),

@@ -19,6 +19,7 @@ static void test_status_for_err_follows_the_style_table(void **state) {
     assert_int_equal(status_for_err(ERR_INVAL), 400);
     assert_int_equal(status_for_err(ERR_TOOLONG), 400);
     assert_int_equal(status_for_err(ERR_NOTFOUND), 404);
+    assert_int_equal(status_for_err(ERR_PERM), 403);
     assert_int_equal(status_for_err(ERR_FULL), 429);
     assert_int_equal(status_for_err(ERR_SHUTDOWN), 503);
     const int other[] = {ERR_NOMEM, ERR_IO, ERR_FORMAT, ERR_UNSUPPORTED, ERR_CANCELED, -12345};

@@ -31,6 +31,7 @@ static const struct {
     {ERR_TOOLONG, -8, "ERR_TOOLONG", "longer than the context allows"},
     {ERR_CANCELED, -9, "ERR_CANCELED", "canceled"},
     {ERR_SHUTDOWN, -10, "ERR_SHUTDOWN", "shutting down"},
+    {ERR_PERM, -11, "ERR_PERM", "not permitted"},
 };
 #define N_WANT (sizeof(want) / sizeof(want[0]))
 
@@ -61,7 +62,7 @@ static void test_err_success_and_unknown_codes(void **state) {
     (void)state;
     assert_string_equal(err_name(0), "OK");
     assert_string_equal(err_str(0), "success");
-    const int unknown[] = {1, 3, -11, -100, INT_MIN, INT_MAX};
+    const int unknown[] = {1, 3, -12, -100, INT_MIN, INT_MAX};
     for (size_t i = 0; i < sizeof(unknown) / sizeof(unknown[0]); i++) {
         assert_string_equal(err_name(unknown[i]), "ERR_UNKNOWN");
         assert_string_equal(err_str(unknown[i]), "unknown error");
