@@ -7,18 +7,21 @@
 #include <stdlib.h>
 
 #include "engine/base/alloc.h"
+#include "engine/base/err.h"
+#include "engine/base/fault.h"
 #include "scheduler/block_alloc.h"
 
 int32_t block_table_blocks_for(int32_t n_tokens, int32_t block_size) {
     return n_tokens <= 0 ? 0 : (n_tokens - 1) / block_size + 1;
 }
 
-void block_table_init(struct block_table *t, int32_t cap) {
+int block_table_init(struct block_table *t, int32_t cap) {
     ASSERT(cap >= 0);
-    t->ids = xcalloc((size_t)cap + 1, sizeof(*t->ids));
+    t->ids = fault_calloc(FAULT_SITE_KV, (size_t)cap + 1, sizeof(*t->ids));
     t->n_blocks = 0;
     t->n_live = 0;
-    t->cap = cap;
+    t->cap = t->ids ? cap : 0;
+    return t->ids ? 0 : ERR_NOMEM;
 }
 
 void block_table_deinit(struct block_table *t) {

@@ -31,9 +31,11 @@ struct block_table {
 /* Blocks that cover n_tokens positions. */
 int32_t block_table_blocks_for(int32_t n_tokens, int32_t block_size);
 
-/* Sets up an empty table with room for cap entries (one allocation; aborts on
- * out of memory: it is bookkeeping). */
-void block_table_init(struct block_table *t, int32_t cap);
+/* Sets up an empty table with room for cap entries: one allocation, sized by
+ * the request's max_tokens, so it may fail (and a test may make it fail:
+ * engine/base/fault.h, site kv). Returns 0 or ERR_NOMEM (t is then empty,
+ * and block_table_deinit() is still safe). */
+int block_table_init(struct block_table *t, int32_t cap);
 /* Frees the id array; the table must be released first. NULL-safe contents. */
 void block_table_deinit(struct block_table *t);
 

@@ -53,7 +53,7 @@ int seq_create(uint64_t id, const struct tokenizer *tok, int32_t n_vocab, const 
         s->n_reply_prefix = (int32_t)n;
     }
     int32_t cap = block_table_blocks_for(s->n_tokens_max, block_size);
-    block_table_init(&s->table, cap);
+    if (block_table_init(&s->table, cap) != 0) goto fail;
     s->tokens = malloc((size_t)s->n_tokens_max * sizeof(*s->tokens));
     s->keys = malloc(((size_t)cap + 1) * sizeof(*s->keys));
     if (!s->tokens || !s->keys) goto fail;

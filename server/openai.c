@@ -20,6 +20,7 @@
 #include "engine/base/buf.h"
 #include "engine/base/clock.h"
 #include "engine/base/err.h"
+#include "engine/base/fault.h"
 #include "engine/base/log.h"
 #include "server/json_schema.h"
 
@@ -35,6 +36,20 @@ static int fail(struct openai_error *e, const char *param, const char *fmt, ...)
     e->param = param;
     e->code = NULL;
     return ERR_INVAL;
+}
+
+/* An array sized by the request: it may fail (ERR_NOMEM in e: a 500 for this
+ * request only), and a test may make it fail (engine/base/fault.h, site
+ * parse). NULL then; the caller returns ERR_NOMEM. */
+static void *parse_calloc(size_t count, size_t size, struct openai_error *e) {
+    void *p = fault_calloc(FAULT_SITE_PARSE, count, size);
+    if (!p) {
+        snprintf(e->message, sizeof(e->message), "Out of memory while parsing the request");
+        e->err = ERR_NOMEM;
+        e->param = NULL;
+        e->code = NULL;
+    }
+    return p;
 }
 
 /* ---- typed getters: 0 and *out untouched when absent or null --------------- */
@@ -155,7 +170,8 @@ static int parse_logit_bias(json_t *root, int32_t n_vocab, struct openai_request
     if (!json_is_object(v)) return fail(e, "logit_bias", "'logit_bias' must be an object");
     size_t n = json_object_size(v);
     if (n > (size_t)n_vocab) return fail(e, "logit_bias", "'logit_bias' has too many entries");
-    r->logit_bias = xcalloc(n ? n : 1, sizeof(*r->logit_bias));
+    r->logit_bias = parse_calloc(n ? n : 1, sizeof(*r->logit_bias), e);
+    if (!r->logit_bias) return ERR_NOMEM;
     const char *key;
     json_t *b;
     int32_t k = 0;
@@ -186,7 +202,8 @@ static int parse_stop_token_ids(json_t *root, int32_t n_vocab, struct openai_req
         return fail(e, "stop_token_ids", "'stop_token_ids' must be an array of at most 1024 ids");
     }
     size_t n = json_array_size(v);
-    r->stop_token_ids = xcalloc(n ? n : 1, sizeof(int32_t));
+    r->stop_token_ids = parse_calloc(n ? n : 1, sizeof(int32_t), e);
+    if (!r->stop_token_ids) return ERR_NOMEM;
     size_t i;
     json_t *t;
     json_array_foreach(v, i, t) {
@@ -259,7 +276,8 @@ static int parse_ids(json_t *arr, int32_t n_vocab, struct openai_prompt *p,
     size_t n = json_array_size(arr);
     if (n == 0) return fail(e, "prompt", "'prompt' must not be empty");
     if (n > INT32_MAX / 2) return fail(e, "prompt", "'prompt' is too long");
-    p->ids = xmalloc(n * sizeof(int32_t));
+    p->ids = parse_calloc(n, sizeof(int32_t), e);
+    if (!p->ids) return ERR_NOMEM;
     size_t i;
     json_t *t;
     json_array_foreach(arr, i, t) {
@@ -280,7 +298,8 @@ static int parse_prompt(json_t *root, int32_t n_vocab, struct openai_request *r,
     json_t *v = json_object_get(root, "prompt");
     if (!v || json_is_null(v)) return fail(e, "prompt", "'prompt' is required");
     if (json_is_string(v)) {
-        r->prompts = xcalloc(1, sizeof(*r->prompts));
+        r->prompts = parse_calloc(1, sizeof(*r->prompts), e);
+        if (!r->prompts) return ERR_NOMEM;
         r->n_prompts = 1;
         return dup_string(v, "prompt", &r->prompts[0].text, e);
     }
@@ -291,7 +310,8 @@ static int parse_prompt(json_t *root, int32_t n_vocab, struct openai_request *r,
     }
     json_t *first = json_array_get(v, 0);
     if (json_is_integer(first)) {
-        r->prompts = xcalloc(1, sizeof(*r->prompts));
+        r->prompts = parse_calloc(1, sizeof(*r->prompts), e);
+        if (!r->prompts) return ERR_NOMEM;
         r->n_prompts = 1;
         return parse_ids(v, n_vocab, &r->prompts[0], e);
     }
@@ -299,7 +319,8 @@ static int parse_prompt(json_t *root, int32_t n_vocab, struct openai_request *r,
     if (n > OPENAI_MAX_PROMPTS) {
         return fail(e, "prompt", "'prompt' may hold at most %d prompts", OPENAI_MAX_PROMPTS);
     }
-    r->prompts = xcalloc(n, sizeof(*r->prompts));
+    r->prompts = parse_calloc(n, sizeof(*r->prompts), e);
+    if (!r->prompts) return ERR_NOMEM;
     r->n_prompts = (int32_t)n;
     size_t i;
     json_t *item;
@@ -360,7 +381,8 @@ static int parse_messages(json_t *root, struct openai_request *r, struct openai_
         return fail(e, "messages", "'messages' may hold at most %d messages",
                     OPENAI_MAX_MESSAGES);
     }
-    r->messages = xcalloc(n, sizeof(*r->messages));
+    r->messages = parse_calloc(n, sizeof(*r->messages), e);
+    if (!r->messages) return ERR_NOMEM;
     size_t i;
     json_t *m;
     json_array_foreach(v, i, m) {

@@ -32,6 +32,7 @@
 #include "engine/model/arch.h"
 #include "engine/base/alloc.h"
 #include "engine/base/err.h"
+#include "engine/base/fault.h"
 #include "engine/base/file.h"
 #include "engine/base/log.h"
 #include "engine/format/gguf.h"
@@ -136,7 +137,7 @@ static int make_rows(const struct mat_src *s, void **out, enum quant_type *out_t
                      size_t *bytes) {
     *out_type = store_type(s->type);
     const size_t n = (size_t)s->rows * (size_t)s->cols * store_size(*out_type);
-    *out = malloc(n ? n : 1);
+    *out = fault_malloc(FAULT_SITE_ADAPTER, n ? n : 1);  // a test may make it fail
     if (!*out) return ERR_NOMEM;
     copy_rows(s, 0, *out);
     *bytes += n;

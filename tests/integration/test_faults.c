@@ -1,7 +1,9 @@
 /*
  * test_faults.c - faults around a running server: its model file truncated
- * and rewritten while it serves, and SIGKILL under load followed by a
- * restart on the same port. The oracle for "still correct" is stories260K's
+ * and rewritten while it serves, SIGKILL under load followed by a
+ * restart on the same port, a --request-timeout, and allocation failures
+ * injected at the KV block table, adapter loading and request parsing
+ * (engine/base/fault.h). The oracle for "still correct" is stories260K's
  * known greedy text (../shared/models/README.md), or without ../shared the
  * synthetic model's answer before the fault.
  */
@@ -186,11 +188,99 @@ static void test_request_timeout(void **state) {
     assert_int_equal(httptest_stop(&s, SIGTERM), 0);
 }
 
+/* POST path with body on port; asserts the status, and for an error the
+ * OpenAI shape with type server_error (a 500 is the server's fault, not the
+ * request's). */
+static void expect(int port, const char *path, const char *body, int want) {
+    struct httptest_resp r;
+    int st = httptest_request(port, "POST", path, NULL, body, &r);
+    if (st != want) fail_msg("%s answered %d, want %d: %s", path, st, want, r.body ? r.body : "");
+    if (want >= 400) {
+        assert_true(httptest_is_openai_error(r.body));
+        char *type = httptest_json_str(r.body, "type");
+        assert_non_null(type);
+        assert_string_equal(type, "server_error");
+        free(type);
+    }
+    httptest_resp_free(&r);
+}
+
+/* LLMSERVE_FAULT (engine/base/fault.h) makes the 3rd request's parse and
+ * the 5th sequence's block table fail. Each plain completion parses one
+ * array (its prompts) and, once parsed, makes one sequence, so by hand:
+ * requests 1, 2 parse 1, 2 and make sequences 1, 2; request 3 fails to
+ * parse (500) and makes none; 4 and 5 make sequences 3 and 4; request 6
+ * fails at sequence 5 (500); request 7 is served. Every request that is
+ * served gets the greedy text. */
+static void test_allocation_failures_fail_one_request(void **state) {
+    (void)state;
+    const char *want = NULL;
+    const char *src = model_source(&want);
+    setenv("LLMSERVE_FAULT", "parse:3,kv:5", 1);
+    struct httptest_server s;
+    httptest_start(&s, src, NULL);
+    unsetenv("LLMSERVE_FAULT");
+    char *ref = greedy_text(s.port);  // request 1
+    if (want) assert_string_equal(ref, want);
+    for (int i = 2; i <= 7; i++) {
+        if (i == 3 || i == 6) {
+            expect(s.port, "/v1/completions", REQUEST, 500);
+            continue;
+        }
+        char *text = greedy_text(s.port);
+        assert_string_equal(text, ref);
+        free(text);
+    }
+    free(ref);
+    assert_int_equal(httptest_stop(&s, SIGTERM), 0);
+}
+
+/* The first runtime adapter load fails on its first A matrix (500); the
+ * same load again succeeds, and the adapter then answers exactly as it does
+ * on a server that loaded it at start-up without any fault. */
+static void test_adapter_allocation_failure(void **state) {
+    (void)state;
+    char adapter[4096];
+    snprintf(adapter, sizeof(adapter), "%s/tests/models/llama-gguf-f16.gguf",
+             testutil_build_dir());
+    char body[4200];
+    snprintf(body, sizeof(body), "{\"lora_name\":\"a\",\"lora_path\":\"%s\"}", adapter);
+    static const char req_a[] =
+        "{\"model\":\"a\",\"prompt\":\"Once upon a time\",\"max_tokens\":12,\"temperature\":0}";
+
+    setenv("LLMSERVE_FAULT", "adapter:1", 1);
+    struct httptest_server s;
+    httptest_start(&s, httptest_model("llama-f32"), "--allow-runtime-lora");
+    unsetenv("LLMSERVE_FAULT");
+    expect(s.port, "/v1/load_lora_adapter", body, 500);
+    expect(s.port, "/v1/load_lora_adapter", body, 200);
+    struct httptest_resp r;
+    assert_int_equal(httptest_request(s.port, "POST", "/v1/completions", NULL, req_a, &r), 200);
+    char *got = httptest_json_str(r.body, "text");
+    assert_non_null(got);
+    httptest_resp_free(&r);
+    assert_int_equal(httptest_stop(&s, SIGTERM), 0);
+
+    char args[4200];
+    snprintf(args, sizeof(args), "--lora a=%s", adapter);
+    httptest_start(&s, httptest_model("llama-f32"), args);
+    assert_int_equal(httptest_request(s.port, "POST", "/v1/completions", NULL, req_a, &r), 200);
+    char *ref = httptest_json_str(r.body, "text");
+    assert_non_null(ref);
+    httptest_resp_free(&r);
+    assert_int_equal(httptest_stop(&s, SIGTERM), 0);
+    assert_string_equal(got, ref);
+    free(got);
+    free(ref);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_model_truncated_while_serving),
         cmocka_unit_test(test_sigkill_then_restart),
         cmocka_unit_test(test_request_timeout),
+        cmocka_unit_test(test_allocation_failures_fail_one_request),
+        cmocka_unit_test(test_adapter_allocation_failure),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,44 @@
+/*
+ * fault.h - allocation failures injected on purpose, for the fault tests
+ * (issue 16): which requests an out-of-memory hits, and that it hits only
+ * them.
+ *
+ * The environment variable LLMSERVE_FAULT="SITE:N[,SITE:N]..." makes the
+ * Nth allocation (counting from 1) at each named site fail, once:
+ *   kv       a sequence's block table (scheduler/block_table.c), made once
+ *            per sequence when it is submitted
+ *   adapter  an adapter's A matrices (engine/model/lora.c), one per
+ *            adapted projection of a load
+ *   parse    the arrays a request's JSON is parsed into (server/openai.c:
+ *            prompts, messages, token ids, stop ids, logit bias)
+ * Without the variable nothing fails and the cost is one relaxed atomic
+ * increment per allocation at those sites. A bad value is ignored with a
+ * warning, so a typo cannot take a server down.
+ *
+ * The call counters are mutable globals, a test hook beside the log level
+ * (STYLE 2.2): read once from the environment on first use, atomic after.
+ * Threads: [any thread].
+ */
+#ifndef LLMSERVE_FAULT_H
+#define LLMSERVE_FAULT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+enum fault_site {
+    FAULT_SITE_KV,
+    FAULT_SITE_ADAPTER,
+    FAULT_SITE_PARSE,
+    FAULT_SITE_COUNT,
+};
+
+/* Counts one allocation at site; true when it is the one LLMSERVE_FAULT
+ * names, so the caller must behave as if the allocation had failed. */
+bool fault_hit(enum fault_site site);
+
+/* malloc(n) / calloc(count, size), or NULL when fault_hit(site). Owned by
+ * the caller (free()). */
+void *fault_malloc(enum fault_site site, size_t n);
+void *fault_calloc(enum fault_site site, size_t count, size_t size);
+
+#endif // LLMSERVE_FAULT_H
