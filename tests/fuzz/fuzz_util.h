@@ -22,8 +22,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv);
  * them on stderr (for reading why a reproducer is refused). */
 void fuzz_util_quiet_logs(void);
 
-/* A directory of this process's own (mkdtemp under $TMPDIR or /tmp, removed
- * at exit), so parallel fuzzers never share files. */
+/* A directory of this process's own (mkdtemp under $TMPDIR, else /dev/shm
+ * when it exists, else /tmp; removed at exit), so parallel fuzzers never
+ * share files. */
 const char *fuzz_util_scratch_dir(void);
 
 /* Writes size bytes to <scratch>/<name> (replacing it) and returns that
