@@ -80,8 +80,10 @@ struct openai_request {
  * NUL-terminated) for route. n_vocab bounds token ids and logit_bias keys.
  * Unknown fields are ignored (logged at DEBUG). On success *out is filled and
  * owned by the caller (openai_request_deinit()); prompts given as text are
- * not tokenized yet. Returns 0 or ERR_INVAL with e filled (message, param);
- * on failure *out is deinit'ed. */
+ * not tokenized yet. Returns 0, ERR_INVAL with e filled (message, param), or
+ * ERR_NOMEM (e says so) when an array the request sizes cannot be allocated
+ * (engine/base/fault.h can make one fail on purpose); on failure *out is
+ * deinit'ed. */
 int openai_parse(enum openai_route route, const char *body, size_t len, int32_t n_vocab,
                  struct openai_request *out, struct openai_error *e);
 
