@@ -126,11 +126,13 @@ static inline struct qunit q4_0_unpack(const uint8_t *qb, int j, int u) {
     const __m256i v = load8(qb + u * 64);
     return unit2(nib_lo(v), nib_hi(v));
 }
+/* The 5th bits come first: in the other order GCC's schedule cost q5_0 5%
+ * at one token (docs/benchmarks.md, the q-panel skeleton). */
 static inline struct qunit q5_0_unpack(const uint8_t *qb, int j, int u) {
-    const struct qunit n = q4_0_unpack(qb, j, u);
     const __m256i hb = load8(qb + 256);
-    return unit2(_mm256_or_si256(n.w[0], hbit16(hb, u)),
-                 _mm256_or_si256(n.w[1], hbit16(hb, u + 4)));
+    const __m256i h0 = hbit16(hb, u), h1 = hbit16(hb, u + 4);
+    const struct qunit n = q4_0_unpack(qb, j, u);
+    return unit2(_mm256_or_si256(n.w[0], h0), _mm256_or_si256(n.w[1], h1));
 }
 static inline int b32_xoff(int j, int u, int v) {
     return (void)j, 16 * v + 4 * u;
