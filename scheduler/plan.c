@@ -94,6 +94,11 @@ static void add_to_plan(struct planner *pl, struct seq *s, int32_t n_new) {
     pl->budget -= n_new;
 }
 
+/* s's tokens in the plan if it was the last added to it, else 0. */
+static int32_t last_planned(const struct step_plan *out, const struct seq *s) {
+    return out->n_seqs > 0 && out->seqs[out->n_seqs - 1] == s ? out->n_new[out->n_seqs - 1] : 0;
+}
+
 /* Takes a preempted sequence out of this step's plan, if it was in it. */
 static void drop_from_plan(struct planner *pl, const struct seq *s) {
     struct step_plan *out = pl->out;
@@ -316,7 +321,6 @@ void plan_step(struct seq_queue *running, struct seq_queue *waiting, struct seq_
             s->n_passed_over++;
             continue;
         }
-        int32_t before = pl.budget;
         if (s->status == SEQ_STATUS_RUNNING) {
             schedule_running(&pl, s, take_of(&pl, s, left));
         } else if (s->status == SEQ_STATUS_WAITING || s->status == SEQ_STATUS_PREEMPTED) {
@@ -332,7 +336,10 @@ void plan_step(struct seq_queue *running, struct seq_queue *waiting, struct seq_
                 }
             }
         }
-        left -= before - pl.budget;
-        s->n_passed_over = before == pl.budget ? s->n_passed_over + 1 : 0;
+        // The allowance pays for the candidate's own tokens only: a decoder it
+        // preempted gave its token back to the budget, not to the prompts.
+        const int32_t took = last_planned(out, s);
+        left -= took;
+        s->n_passed_over = took == 0 ? s->n_passed_over + 1 : 0;
     }
 }

@@ -79,8 +79,33 @@ static struct seq *add(int32_t n_prompt, int32_t max_tokens, int32_t base) {
     return s;
 }
 
+/* The sequences one token behind before the step: the decoders. */
+static struct seq *decoders[64];
+static int n_decoders;
+
+static bool is_decoder(const struct seq *s) {
+    for (int i = 0; i < n_decoders; i++)
+        if (decoders[i] == s) return true;
+    return false;
+}
+
+/* plan.c's rule: beside d > 0 decoders, prompt work gets at most
+ * a = max(prefill_chunk, d) tokens, a quarter more to finish a prompt. */
+static void check_allowance(void) {
+    if (fx.b.prefill_chunk <= 0 || n_decoders == 0) return;
+    int32_t a = fx.b.prefill_chunk > n_decoders ? fx.b.prefill_chunk : n_decoders, prefill = 0;
+    for (int32_t i = 0; i < fx.plan.n_seqs; i++)
+        if (!is_decoder(fx.plan.seqs[i])) prefill += fx.plan.n_new[i];
+    assert_true(prefill <= a + a / 4);
+}
+
 static void plan(void) {
+    n_decoders = 0;
+    for (struct seq *s = fx.running.head; s && n_decoders < 64; s = s->next) {
+        if (s->n_tokens - s->n_computed == 1) decoders[n_decoders++] = s;
+    }
     plan_step(&fx.running, &fx.waiting, &fx.rejected, fx.a, NULL, &fx.b, &fx.plan);
+    check_allowance();
     assert_true(block_alloc_check(fx.a));
     assert_true(fx.plan.n_tokens <= fx.b.max_batch_tokens);
     assert_true(fx.running.n <= fx.b.max_seqs);
@@ -290,6 +315,48 @@ static void test_plan_prefill_passed_over_goes_first(void **state) {
     fx_deinit();
 }
 
+/* Two prompts part-way and the newest sequence decoding, no block free: the
+ * first prompt's next chunk preempts the decoder. The decoder's token goes
+ * back to the step's budget, not to the prompts' allowance (check_allowance:
+ * the second prompt gets nothing more than max(chunk, decoders) allows). */
+static void test_plan_preempted_decoder_gives_no_allowance(void **state) {
+    (void)state;
+    fx_init(7, 100, 8, false);  // 6 blocks of 4
+    fx.b.prefill_chunk = 3;
+    struct seq *d = add(2, 40, 0);
+    plan();
+    execute();  // d decodes
+    struct seq *x = add(16, 4, 10);
+    struct seq *y = add(16, 4, 30);
+    plan();
+    execute();  // x has 3 of its 16
+    y->n_passed_over = PLAN_MAX_PASSED_OVER;
+    plan();
+    execute();  // y has 3 (one slot of its block free)
+    struct seq *v = add(1, 40, 50);
+    plan();  // beside d: v's 1, x's 2 (allowance 3)
+    assert_int_equal(n_new_of(v), 1);
+    assert_int_equal(n_new_of(x), 2);
+    execute();
+    plan();  // beside d and v: x's 3
+    assert_int_equal(n_new_of(x), 3);
+    assert_int_equal(n_new_of(y), 0);
+    execute();
+    assert_int_equal(x->n_computed, 8);
+    assert_int_equal(block_alloc_n_free(fx.a), 0);
+    // x's next 3 need a 3rd block: v, the newest, is preempted. Its token
+    // returns to the budget; the allowance max(3, 2 decoders) = 3 is x's,
+    // so y (with room in its block) gets none of it.
+    plan();
+    assert_int_equal(fx.plan.n_preempted, 1);
+    assert_int_equal(v->status, SEQ_STATUS_PREEMPTED);
+    assert_int_equal(n_new_of(d), 1);
+    assert_int_equal(n_new_of(x), 3);
+    assert_int_equal(n_new_of(y), 0);
+    execute();
+    fx_deinit();
+}
+
 static void test_plan_preempts_newest_and_skips_admission(void **state) {
     (void)state;
     fx_init(5, 100, 8, false);  // 4 blocks of 4
@@ -370,6 +437,7 @@ int main(void) {
         cmocka_unit_test(test_plan_prefill_lone_prompt_not_chunked),
         cmocka_unit_test(test_plan_prefill_beside_decodes),
         cmocka_unit_test(test_plan_prefill_passed_over_goes_first),
+        cmocka_unit_test(test_plan_preempted_decoder_gives_no_allowance),
         cmocka_unit_test(test_plan_preempts_newest_and_skips_admission),
         cmocka_unit_test(test_plan_preempts_itself_when_alone_is_newest),
         cmocka_unit_test(test_plan_rejects_what_never_fits),
