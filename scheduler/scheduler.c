@@ -96,7 +96,7 @@ struct scheduler_params scheduler_default_params(void) {
         .kv_memory_mib = 256,
         .kv_type = ENGINE_KV_TYPE_F16,
         .max_seqs = 64,
-        .max_batch_tokens = 512,
+        .max_batch_tokens = 2048,  // = config.c's default (tests/server/test_defaults.c)
         .prefill_chunk = 256,
         .max_queue = 1024,
         .enable_prefix_cache = true,

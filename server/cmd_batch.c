@@ -79,7 +79,7 @@ static void batch_usage(FILE *fp) {
             "      --kv-blocks N          KV cache size in blocks (overrides --kv-memory)\n"
             "      --block-size N         tokens per KV block (default 16)\n"
             "      --max-seqs N           running sequences at most (default 64)\n"
-            "      --max-batch-tokens N   tokens per step (default 512)\n"
+            "      --max-batch-tokens N   tokens per step (default 2048)\n"
             "      --prefill-chunk N      prefill tokens of a step beside decodes (default 256, 0 = no limit)\n"
             "      --no-prefix-cache      disable automatic prefix caching\n"
             "      --lora NAME=PATH       an adapter a line selects with \"model\": \"NAME\"\n"
