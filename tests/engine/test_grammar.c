@@ -26,7 +26,7 @@
 #include "tests/helpers/gguf_builder.h"
 #include "tests/helpers/testutil.h"
 
-#define N_BASE 259  // <unk> <s> </s> and the 256 byte tokens
+#define N_BASE TESTUTIL_SPM_BASE  // <unk> <s> </s> and the 256 byte tokens
 static const char *const extra[] = {
     "{", "{\"", "\"", "\":", "a", "ab", "b\":", "1", "12", "}", "1}", "\xe2\x96\x81{",
     "\xc3\xa9", "x\"", "\":1}", "<|ctl|>",
@@ -44,20 +44,10 @@ static int32_t tok(const char *piece) {
 static int32_t byte_tok(int b) { return 3 + b; }
 
 static struct tokenizer *syn_tokenizer(void) {
-    static char names[256][8];
     const char *tokens[N_VOCAB];
     float scores[N_VOCAB];
     int32_t types[N_VOCAB];
-    tokens[0] = "<unk>";
-    tokens[1] = "<s>";
-    tokens[2] = "</s>";
-    types[0] = TOKENIZER_TYPE_UNKNOWN;
-    types[1] = types[2] = TOKENIZER_TYPE_CONTROL;
-    for (int i = 0; i < 256; i++) {
-        snprintf(names[i], sizeof(names[i]), "<0x%02X>", i);
-        tokens[3 + i] = names[i];
-        types[3 + i] = TOKENIZER_TYPE_BYTE;
-    }
+    testutil_spm_base(tokens, scores, types);
     for (int i = 0; i < N_EXTRA; i++) {
         tokens[N_BASE + i] = extra[i];
         types[N_BASE + i] = TOKENIZER_TYPE_NORMAL;

@@ -104,27 +104,16 @@ static int mini_load(struct mini_gguf *g, struct tokenizer **t) {
 
 /* A synthetic SPM vocabulary: <unk> <s> </s>, the 256 byte tokens, then
  * pieces with scores chosen so the merge order is known. */
-#define SYN_N_BASE 259
+#define SYN_N_BASE TESTUTIL_SPM_BASE
 static const char *const syn_pieces[] = {"\xe2\x96\x81", "a", "b", "c", "ab", "bc", "abc",
                                          "\xe2\x96\x81" "abc", "<|end|>"};
 static const float syn_scores[] = {-1, -2, -2, -2, -5, -3, -4, -6, 0};
 
 static void build_syn_spm(struct mini_gguf *g, int n_pieces) {
-    static char byte_names[256][8];
     const char *tokens[SYN_N_BASE + 16];
     float scores[SYN_N_BASE + 16];
     int32_t types[SYN_N_BASE + 16];
-    tokens[0] = "<unk>";
-    tokens[1] = "<s>";
-    tokens[2] = "</s>";
-    types[0] = TOKENIZER_TYPE_UNKNOWN;
-    types[1] = types[2] = TOKENIZER_TYPE_CONTROL;
-    for (int i = 0; i < 256; i++) {
-        snprintf(byte_names[i], sizeof(byte_names[i]), "<0x%02X>", i);
-        tokens[3 + i] = byte_names[i];
-        types[3 + i] = TOKENIZER_TYPE_BYTE;
-    }
-    for (int i = 0; i < SYN_N_BASE; i++) scores[i] = 0;
+    testutil_spm_base(tokens, scores, types);
     for (int i = 0; i < n_pieces; i++) {
         tokens[SYN_N_BASE + i] = syn_pieces[i];
         scores[SYN_N_BASE + i] = syn_scores[i];

@@ -9,6 +9,8 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include "engine/text/tokenizer.h"
+
 const char *testutil_shared_dir(void) {
     const char *d = getenv("LLMSERVE_SHARED");
     if (!d || !*d) return NULL;
@@ -69,4 +71,19 @@ int testutil_system(const char *cmd) {
     int st = system(cmd);
     if (st == -1 || !WIFEXITED(st)) return -1;
     return WEXITSTATUS(st);
+}
+
+void testutil_spm_base(const char **tokens, float *scores, int32_t *types) {
+    static char byte_names[256][8];
+    tokens[0] = "<unk>";
+    tokens[1] = "<s>";
+    tokens[2] = "</s>";
+    types[0] = TOKENIZER_TYPE_UNKNOWN;
+    types[1] = types[2] = TOKENIZER_TYPE_CONTROL;
+    for (int i = 0; i < 256; i++) {
+        snprintf(byte_names[i], sizeof(byte_names[i]), "<0x%02X>", i);
+        tokens[3 + i] = byte_names[i];
+        types[3 + i] = TOKENIZER_TYPE_BYTE;
+    }
+    for (int i = 0; i < TESTUTIL_SPM_BASE; i++) scores[i] = 0;
 }

@@ -7,6 +7,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* The ../shared directory (LLMSERVE_SHARED), or NULL when it is absent: tests
  * that need it call skip() and say why. */
@@ -28,5 +29,12 @@ char *testutil_read_file(const char *path, size_t *out_len);
 
 /* Runs a shell command, returns its exit status (or -1). */
 int testutil_system(const char *cmd);
+
+/* The first TESTUTIL_SPM_BASE entries of a synthetic SPM vocabulary, as
+ * Llama's files have them: <unk> (unknown), <s> and </s> (control, ids 1
+ * and 2), then the 256 byte tokens <0x00>..<0xFF> (ids 3..258), score 0.
+ * tokens[] points at static names. */
+#define TESTUTIL_SPM_BASE 259
+void testutil_spm_base(const char **tokens, float *scores, int32_t *types);
 
 #endif
