@@ -56,3 +56,29 @@ machine() {
   echo "$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1), $(nproc) cores," \
     "load average $(cut -d' ' -f1 /proc/loadavg)"
 }
+
+# weight_macs MODEL.gguf: "MACS QUANTIZED": the weight products' multiply-adds
+# per token (every matrix but the embedding, a lookup, unless it is also the
+# classifier; attention not counted) and 1 when a matrix is quantized (the
+# int8 path), else 0 (the f32 path: F32 and F16 weights).
+weight_macs() {
+  /usr/bin/python3 - "$1" <<'PY'
+import sys
+sys.path.insert(0, "scripts")
+import gguflib
+r = gguflib.Reader(sys.argv[1])
+mats = [t for t in r.tensors.values() if len(t.ne) >= 2 and t.ne[1] > 1 and
+        not (t.name == "token_embd.weight" and "output.weight" in r.tensors)]
+macs = sum(t.ne[0] * t.ne[1] for t in mats)
+print(macs, int(any(t.ggml_type not in (0, 1) for t in mats)))  # GGML types 0, 1: F32, F16
+PY
+}
+
+# peak_of ROOFLINE-OUTPUT QUANTIZED: "GMAC/S NAME" of the ceiling the weight
+# products run on: the first int8 (quantized) or f32 line of scripts/roofline,
+# which lists the levels the engine dispatches to best first.
+peak_of() {
+  local kind=f32
+  [ "$2" = 1 ] && kind=int8
+  echo "$1" | awk -v k="$kind" '$1 == k {print $4, k " " $2; exit}'
+}
