@@ -50,6 +50,8 @@ const struct setting setting_table[] = {
      1 << 20, "N", "token budget of one step (prefill chunk + decodes)"},
     {"prefill-chunk", 0, "prefill_chunk", SETTING_KIND_I32, OFF(prefill_chunk), 0, 1 << 20, "N",
      "prefill tokens of a step beside decodes (shortest prompt first), 0 = no limit"},
+    {"draft-n", 0, "draft_n", SETTING_KIND_I32, OFF(draft_n), 0, 16, "N",
+     "speculative decoding: up to N prompt-lookup draft tokens per step at batch <= 4, 0 = off"},
     {"max-queue", 0, "max_queue", SETTING_KIND_I32, OFF(max_queue), 1, 1 << 20, "N",
      "requests waiting for a slot before 429"},
     {"max-body", 0, "max_body", SETTING_KIND_SIZE, OFF(max_body_bytes), 1024, GIB, "SIZE",

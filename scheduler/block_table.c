@@ -83,6 +83,17 @@ int32_t block_table_trim(struct block_table *t, struct block_alloc *a, int32_t f
     return n_released;
 }
 
+void block_table_truncate(struct block_table *t, struct block_alloc *a, int32_t n_tokens) {
+    int32_t keep = block_table_blocks_for(n_tokens, block_alloc_block_size(a));
+    while (t->n_blocks > keep) {
+        int32_t id = t->ids[--t->n_blocks];
+        t->ids[t->n_blocks] = 0;
+        if (id == 0) continue;
+        block_alloc_unref(a, id);
+        t->n_live--;
+    }
+}
+
 void block_table_release(struct block_table *t, struct block_alloc *a) {
     for (int32_t i = t->n_blocks - 1; i >= 0; i--) {
         if (t->ids[i] == 0) continue;

@@ -60,6 +60,10 @@ int32_t block_table_copy_on_write(struct block_table *t, struct block_alloc *a, 
  * sets its entry to 0. Returns the number of blocks released. */
 int32_t block_table_trim(struct block_table *t, struct block_alloc *a, int32_t first_pos);
 
+/* Releases the blocks past those covering positions [0, n_tokens) (a
+ * rejected draft's, scheduler.c). */
+void block_table_truncate(struct block_table *t, struct block_alloc *a, int32_t n_tokens);
+
 /* Releases every block (last block first, so a sequence's tail blocks are
  * evicted before its shared prefix) and empties the table. */
 void block_table_release(struct block_table *t, struct block_alloc *a);

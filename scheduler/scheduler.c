@@ -27,6 +27,7 @@
 #include "engine/text/stop.h"
 #include "scheduler/block_alloc.h"
 #include "scheduler/block_table.h"
+#include "scheduler/draft.h"
 #include "scheduler/lora_slots.h"
 #include "scheduler/mailbox.h"
 #include "scheduler/plan.h"
@@ -56,6 +57,14 @@ struct scheduler {
     int8_t *b_output;                   // owned; [max_batch_tokens]
     struct engine_seq *b_seqs;          // owned; [max_seqs]
     int32_t *row_of;                    // owned; [max_seqs] output row of plan.seqs[i], -1: none
+    int32_t *n_draft;                   // owned; [max_seqs] draft tokens of plan.seqs[i]
+    int32_t *drafts;                    // owned; [max_seqs * SCHEDULER_MAX_DRAFT] those tokens
+    int32_t max_outputs;                // logits rows of the ctx
+    double draft_ns_on, draft_ns_off;   // EMA of ns per emitted token of decode-only steps
+                                        //    with and without drafts (0: none yet)
+    int64_t n_draft_steps;              // decode-only steps where drafting was possible
+    bool is_drafting;                   // this step's choice (propose_drafts)
+    bool is_timed;                      // this step is decode-only with drafting possible
     int32_t *check_refs;                // owned; [n_blocks] scratch of scheduler_check()
     struct sampler_scratch *scratch;    // owned
     struct grammar_vocab *gvocab;       // owned; built for the first constrained sequence
@@ -272,8 +281,9 @@ static void grammar_stop(struct scheduler *s, struct seq *sq) {
     finish_seq(s, sq, 0);
 }
 
-/* Samples the row of sq, appends, emits; finishes sq if it stopped. */
-static void emit_token(struct scheduler *s, struct seq *sq, const float *row, int64_t now_ns) {
+/* Samples the row of sq, appends, emits; finishes (and frees) sq if it
+ * stopped. Returns true while sq runs on. */
+static bool emit_token(struct scheduler *s, struct seq *sq, const float *row, int64_t now_ns) {
     struct sampler_result res;
     bool want_lp = sq->n_logprobs >= 0;  // filling res costs a pass over the row
     bool is_dead = false;
@@ -282,7 +292,7 @@ static void emit_token(struct scheduler *s, struct seq *sq, const float *row, in
     if (is_dead) {  // nothing can continue the grammar: end here, truthfully "stop"
         LOG_DEBUG("seq=%llu grammar has no allowed token; stopping", (unsigned long long)sq->id);
         grammar_stop(s, sq);
-        return;
+        return false;
     }
     int32_t token = sampler_sample_allowed(sq->sampler, s->scratch, row, allow,
                                            want_lp ? &res : NULL);
@@ -294,7 +304,7 @@ static void emit_token(struct scheduler *s, struct seq *sq, const float *row, in
         // grammar, which is never emitted. The output so far is what we have.
         LOG_DEBUG("seq=%llu every grammar token was banned; stopping", (unsigned long long)sq->id);
         grammar_stop(s, sq);
-        return;
+        return false;
     }
     enum seq_status st = seq_append(sq, token, &s->text);
     // A grammar that is complete ends the sequence with the token's text.
@@ -311,7 +321,121 @@ static void emit_token(struct scheduler *s, struct seq *sq, const float *row, in
     if (st != SEQ_STATUS_RUNNING) {
         seq_queue_remove(&s->running, sq);
         finish_seq(s, sq, 0);
+        return false;
     }
+    return true;
+}
+
+/* Speculative decoding. A decoding sequence whose last tokens occurred
+ * earlier in it gets the tokens that followed there as a draft: they go into
+ * the step after its real token, each with its own logits row, at the next
+ * positions (blocks reserved from the free pool, never by preempting).
+ * verify() then samples row 0 as usual; while the token it gave equals the
+ * draft's, the draft token's K/V is already right and its row gives the
+ * next token. So the tokens are exactly those of decoding one at a time
+ * (the same rows, the same sampler draws in the same order): a point-mass
+ * draft accepted when the sample equals it is the standard rejection rule.
+ * Rejected tokens' K/V is left behind n_computed (overwritten later) and
+ * their blocks are released: nothing is copied. Only steps with at most
+ * SCHEDULER_DRAFT_MAX_DECODES decoders draft: at batch 1 a step reads every
+ * weight for one token and verifying a few more is nearly free; at many
+ * sequences the step is compute-bound and a rejected draft costs. A
+ * sequence whose drafts were mostly rejected (under 1 in 4 of 16 or more)
+ * stops drafting for its next 64 tokens. And drafting must pay on this model
+ * and machine: the time per emitted token of decode-only steps is kept for
+ * steps with drafts and without (moving averages); the faster mode is used,
+ * the other one every DRAFT_EXPLORE_STEPS steps to keep its figure fresh. A
+ * tiny model whose step is overhead, not weight reads, verifies drafts at
+ * nearly the cost of decoding them and turns drafting off by itself. */
+#define DRAFT_MIN_SAMPLE 16
+#define DRAFT_BACKOFF_TOKENS 64
+#define DRAFT_EXPLORE_STEPS 32
+#define DRAFT_EMA_WEIGHT 0.1
+
+/* Whether this decode-only step drafts (see above). */
+static bool draft_choice(struct scheduler *s) {
+    if (s->p.draft_always || s->draft_ns_on == 0.0) return true;
+    if (s->draft_ns_off == 0.0) return false;
+    bool is_on_faster = s->draft_ns_on < s->draft_ns_off;
+    if (s->n_draft_steps % DRAFT_EXPLORE_STEPS == 0) return !is_on_faster;
+    return is_on_faster;
+}
+
+/* Feeds a decode-only step's time per emitted token to its mode's average. */
+static void draft_observe(struct scheduler *s, int64_t ns, int32_t n_emitted) {
+    if (n_emitted <= 0) return;
+    double *ema = s->is_drafting ? &s->draft_ns_on : &s->draft_ns_off;
+    double x = (double)ns / n_emitted;
+    *ema = *ema == 0.0 ? x : *ema + DRAFT_EMA_WEIGHT * (x - *ema);
+}
+
+static void propose_drafts(struct scheduler *s, int32_t *n_tokens, int32_t *n_rows) {
+    struct step_plan *plan = &s->plan;
+    int32_t n_decodes = 0;
+    for (int32_t i = 0; i < plan->n_seqs; i++) {
+        s->n_draft[i] = 0;
+        const struct seq *sq = plan->seqs[i];
+        n_decodes += plan->n_new[i] == 1 && sq->n_computed == sq->n_tokens - 1;
+    }
+    s->is_drafting = false;
+    s->is_timed = false;
+    if (s->p.draft_n == 0 || n_decodes > SCHEDULER_DRAFT_MAX_DECODES) return;
+    if (n_decodes == plan->n_seqs) {  // decode-only: timed, so choose
+        s->is_timed = true;
+        s->n_draft_steps++;
+        if (!draft_choice(s)) return;
+    }
+    s->is_drafting = true;
+    for (int32_t i = 0; i < plan->n_seqs; i++) {
+        struct seq *sq = plan->seqs[i];
+        if (plan->n_new[i] != 1 || sq->n_computed != sq->n_tokens - 1) continue;
+        if (sq->n_tokens < sq->draft_resume_at) continue;
+        int32_t room = s->p.draft_n;
+        if (room > s->p.max_batch_tokens - *n_tokens) room = s->p.max_batch_tokens - *n_tokens;
+        if (room > s->max_outputs - *n_rows) room = s->max_outputs - *n_rows;
+        // the draft and the token after it must fit in max_tokens
+        if (room > sq->n_tokens_max - sq->n_tokens - 1) room = sq->n_tokens_max - sq->n_tokens - 1;
+        int32_t *d = s->drafts + (size_t)i * SCHEDULER_MAX_DRAFT;
+        int32_t k = draft_lookup(sq->tokens, sq->n_tokens, room, d);
+        if (k == 0) continue;
+        if (block_table_reserve(&sq->table, s->alloc, sq->n_tokens + k) != BLOCK_RESERVE_OK)
+            continue;
+        s->n_draft[i] = k;
+        *n_tokens += k;
+        *n_rows += k;
+    }
+}
+
+/* After the forward pass: sq's rows row .. row + k (k = its draft tokens
+ * d). Emits row's token, then each next row's while the last emitted token
+ * equals its draft token. Returns false if sq finished (it is freed). */
+static bool verify(struct scheduler *s, struct seq *sq, const float *logits, int32_t row,
+                   const int32_t *d, int32_t k, int64_t now_ns) {
+    const size_t nv = (size_t)s->n_vocab;
+    if (!emit_token(s, sq, logits + (size_t)row * nv, now_ns)) return false;
+    if (k == 0) return true;
+    int32_t n_ok = 0;
+    bool is_running = true;
+    while (n_ok < k && sq->tokens[sq->n_tokens - 1] == d[n_ok]) {
+        n_ok++;
+        sq->n_computed++;  // d[n_ok - 1]'s K/V, written by this step, is the token's
+        if (!emit_token(s, sq, logits + (size_t)(row + n_ok) * nv, now_ns)) {
+            is_running = false;
+            break;
+        }
+    }
+    s->cur.n_draft_tokens += k;
+    s->cur.n_draft_accepted += n_ok;
+    if (!is_running) return false;
+    block_table_truncate(&sq->table, s->alloc, sq->n_computed);
+    if (s->p.enable_prefix_cache) seq_publish_blocks(sq, s->alloc);
+    sq->n_drafted += k;
+    sq->n_draft_accepted += n_ok;
+    if (sq->n_drafted >= DRAFT_MIN_SAMPLE && 4 * sq->n_draft_accepted < sq->n_drafted) {
+        sq->draft_resume_at = sq->n_tokens + DRAFT_BACKOFF_TOKENS;
+        sq->n_drafted = sq->n_draft_accepted = 0;
+    }
+    return true;
 }
 
 /* Takes plan entry i out of the plan (its sequence failed before the forward pass). */
@@ -391,21 +515,30 @@ int32_t scheduler_step(struct scheduler *s) {
     }
 
     // Flatten the plan into the batch: seqs[i] contributes the tokens
-    // [n_computed, n_computed + n_new); only a token that is the sequence's
-    // last asks for logits.
+    // [n_computed, n_computed + n_new) and its draft; only a token that is
+    // the sequence's last, or a draft token, asks for logits.
+    // A draft's tokens follow its sequence's last token, each with a row.
+    int32_t n_rows = 0;
+    for (int32_t i = 0; i < plan->n_seqs; i++)
+        n_rows += plan->seqs[i]->n_computed + plan->n_new[i] == plan->seqs[i]->n_tokens;
+    int32_t n_with_drafts = plan->n_tokens;
+    propose_drafts(s, &n_with_drafts, &n_rows);
     int32_t n = 0;
     int32_t n_out = 0;
     for (int32_t i = 0; i < plan->n_seqs; i++) {
         struct seq *sq = plan->seqs[i];
         s->row_of[i] = -1;
-        for (int32_t k = 0; k < plan->n_new[i]; k++) {
+        for (int32_t k = 0; k < plan->n_new[i] + s->n_draft[i]; k++) {
             int32_t pos = sq->n_computed + k;
-            s->b_token[n] = sq->tokens[pos];
+            s->b_token[n] = k < plan->n_new[i]
+                                ? sq->tokens[pos]
+                                : s->drafts[(size_t)i * SCHEDULER_MAX_DRAFT + k - plan->n_new[i]];
             s->b_pos[n] = pos;
             s->b_seq[n] = i;
             s->b_adapter[n] = sq->slot;
-            s->b_output[n] = pos == sq->n_tokens - 1;
-            if (s->b_output[n]) s->row_of[i] = n_out++;
+            s->b_output[n] = pos >= sq->n_tokens - 1;
+            if (pos == sq->n_tokens - 1) s->row_of[i] = n_out;
+            n_out += s->b_output[n];
             n++;
         }
         s->b_seqs[i].block_table = sq->table.ids;
@@ -422,6 +555,9 @@ int32_t scheduler_step(struct scheduler *s) {
         .seqs = s->b_seqs,
     };
     const float *logits = NULL;
+    const int64_t t_forward_ns = clock_mono_ns();
+    const bool is_timed = s->is_timed;
+    const int64_t n_generated_before = s->cur.n_generated_tokens;
     int err = engine_forward(s->ctx, &batch, &logits);
     if (err) {
         LOG_ERROR("engine_forward failed: %s; failing %d sequences", err_str(err),
@@ -442,8 +578,12 @@ int32_t scheduler_step(struct scheduler *s) {
         sq->n_computed += plan->n_new[i];
         if (s->p.enable_prefix_cache) seq_publish_blocks(sq, s->alloc);
         if (s->row_of[i] >= 0)
-            emit_token(s, sq, logits + (size_t)s->row_of[i] * (size_t)s->n_vocab, now_ns);
+            verify(s, sq, logits, s->row_of[i], s->drafts + (size_t)i * SCHEDULER_MAX_DRAFT,
+                   s->n_draft[i], now_ns);
     }
+    if (is_timed)
+        draft_observe(s, clock_mono_ns() - t_forward_ns,
+                      (int32_t)(s->cur.n_generated_tokens - n_generated_before));
     s->cur.n_steps++;
     s->cur.n_computed_tokens += n;
 #ifndef NDEBUG
@@ -587,11 +727,12 @@ int scheduler_create(const struct engine_model *model, const struct scheduler_pa
         p->max_batch_tokens < 1 || p->max_queue < 1 || p->kv_blocks < 0 ||
         (p->kv_blocks == 0 && p->kv_memory_mib < 1) || p->n_ctx < 0 ||
         p->kv_type < 0 || p->kv_type >= ENGINE_KV_TYPE_COUNT || p->max_loras < 0 ||
-        p->max_loras > SCHEDULER_MAX_LORAS) {
+        p->max_loras > SCHEDULER_MAX_LORAS || p->draft_n < 0 || p->draft_n > SCHEDULER_MAX_DRAFT) {
         LOG_ERROR("%s: bad params block_size=%d max_seqs=%d max_batch_tokens=%d max_queue=%d "
-                  "kv_blocks=%d kv_memory_mib=%d max_loras=%d", __func__, (int)p->block_size,
-                  (int)p->max_seqs, (int)p->max_batch_tokens, (int)p->max_queue,
-                  (int)p->kv_blocks, (int)p->kv_memory_mib, (int)p->max_loras);
+                  "kv_blocks=%d kv_memory_mib=%d max_loras=%d draft_n=%d", __func__,
+                  (int)p->block_size, (int)p->max_seqs, (int)p->max_batch_tokens,
+                  (int)p->max_queue, (int)p->kv_blocks, (int)p->kv_memory_mib,
+                  (int)p->max_loras, (int)p->draft_n);
         return ERR_INVAL;
     }
     int32_t n_blocks = pool_blocks(model, p);
@@ -621,9 +762,11 @@ int scheduler_create(const struct engine_model *model, const struct scheduler_pa
     cp.n_threads = p->n_threads;
     cp.max_batch_tokens = p->max_batch_tokens;
     cp.max_seqs = p->max_seqs;
-    // One logits row per sequence at most, and a step has no more sequences
-    // than tokens.
-    cp.max_outputs = p->max_seqs < p->max_batch_tokens ? p->max_seqs : p->max_batch_tokens;
+    // One logits row per sequence, plus the draft tokens of the few decoders
+    // that draft (propose_drafts); never more rows than tokens.
+    int64_t rows = (int64_t)p->max_seqs + (int64_t)SCHEDULER_DRAFT_MAX_DECODES * p->draft_n;
+    cp.max_outputs = rows < p->max_batch_tokens ? (int32_t)rows : p->max_batch_tokens;
+    s->max_outputs = cp.max_outputs;
     cp.block_size = p->block_size;
     cp.n_blocks = n_blocks;
     cp.kv_type = p->kv_type;
@@ -642,10 +785,12 @@ int scheduler_create(const struct engine_model *model, const struct scheduler_pa
     s->b_output = malloc(nt * sizeof(*s->b_output));
     s->b_seqs = calloc((size_t)p->max_seqs, sizeof(*s->b_seqs));
     s->row_of = calloc((size_t)p->max_seqs, sizeof(*s->row_of));
+    s->n_draft = calloc((size_t)p->max_seqs, sizeof(*s->n_draft));
+    s->drafts = calloc((size_t)p->max_seqs * SCHEDULER_MAX_DRAFT, sizeof(*s->drafts));
     s->check_refs = calloc((size_t)n_blocks, sizeof(*s->check_refs));
     s->scratch = sampler_scratch_create(s->n_vocab);
     if (!s->b_token || !s->b_pos || !s->b_seq || !s->b_adapter || !s->b_output || !s->b_seqs ||
-        !s->row_of || !s->check_refs || !s->scratch)
+        !s->row_of || !s->n_draft || !s->drafts || !s->check_refs || !s->scratch)
         goto fail;
     step_plan_init(&s->plan, p->max_seqs);
     s->budget.max_batch_tokens = p->max_batch_tokens;
@@ -728,6 +873,8 @@ void scheduler_free(struct scheduler *s) {
     free(s->b_output);
     free(s->b_seqs);
     free(s->row_of);
+    free(s->n_draft);
+    free(s->drafts);
     free(s->check_refs);
     sampler_scratch_free(s->scratch);
     grammar_vocab_free(s->gvocab);

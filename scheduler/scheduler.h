@@ -26,13 +26,15 @@
 #define SCHEDULER_BLOCK_SIZE_DEFAULT 16
 #define SCHEDULER_MAX_LORAS 256   // most adapter slots
 #define SCHEDULER_STALL_MS 60000   // work pending and no step began this long: not alive
+#define SCHEDULER_MAX_DRAFT 16     // most draft tokens per sequence and step
+#define SCHEDULER_DRAFT_MAX_DECODES 4  // steps with more decoders than this draft nothing
 
 struct scheduler_params {
     int32_t block_size;         // tokens per KV block (16)
     int32_t kv_blocks;          // KV blocks in the pool incl. the null block; 0: from kv_memory_mib
     int32_t kv_memory_mib;      // KV budget in MiB when kv_blocks is 0 (default 256)
     int32_t max_seqs;           // running sequences at most (64)
-    int32_t max_batch_tokens;   // tokens per step: the token budget (512)
+    int32_t max_batch_tokens;   // tokens per step: the token budget (2048)
     int32_t prefill_chunk;      // prefill tokens of a step beside decodes (plan.c; 256), 0: no limit
     int32_t max_queue;          // submitted but not yet running, at most (1024)
     bool enable_prefix_cache;   // automatic prefix caching (on)
@@ -40,6 +42,11 @@ struct scheduler_params {
     int32_t n_ctx;              // most tokens of one sequence; 0: the model's context_length
     enum engine_kv_type kv_type; // storage of the KV pool (ENGINE_KV_TYPE_F16)
     int32_t max_loras;          // adapter slots of the engine ctx (8); 0: no adapters
+    int32_t draft_n;            // speculative decoding: up to this many prompt-lookup draft
+                                //    tokens per decoding sequence and step
+                                //    (0..SCHEDULER_MAX_DRAFT; 0: off, the default)
+    bool draft_always;          // draft even where it does not pay (tests, benchmarks);
+                                //    false: only while it is faster (scheduler.c)
 };
 
 struct scheduler_params scheduler_default_params(void);

@@ -99,6 +99,9 @@ struct seq {
     int64_t t_last_token_ns;          // when the last token was emitted, 0 before the first
     int32_t n_preemptions;
     int32_t n_passed_over;            // steps in a row it was a prefill candidate and got nothing
+    int32_t n_drafted;                // speculative decoding: draft tokens verified, and
+    int32_t n_draft_accepted;         //    accepted, since draft_resume_at
+    int32_t draft_resume_at;          // no drafts before n_tokens reaches this (low acceptance)
     struct seq *prev;                 // queue links: owned by the seq_queue holding it
     struct seq *next;
 };

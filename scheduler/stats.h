@@ -39,6 +39,8 @@ struct scheduler_stats {
     int64_t n_prefix_hit_tokens;      // of those, found in the prefix cache
     int64_t n_computed_tokens;        // tokens run through the engine (incl. recompute)
     int64_t n_generated_tokens;
+    int64_t n_draft_tokens;           // speculative decoding: draft tokens verified
+    int64_t n_draft_accepted;         // of those, accepted (the model gave the same token)
     int32_t n_lora_slots;             // adapter slots (max_loras)
     int32_t n_lora_resident;          // slots holding an adapter
     int64_t n_lora_loads;             // adapters put into a slot

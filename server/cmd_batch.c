@@ -81,6 +81,10 @@ static void batch_usage(FILE *fp) {
             "      --max-seqs N           running sequences at most (default 64)\n"
             "      --max-batch-tokens N   tokens per step (default 2048)\n"
             "      --prefill-chunk N      prefill tokens of a step beside decodes (default 256, 0 = no limit)\n"
+            "      --draft-n N            speculative decoding: up to N prompt-lookup draft tokens per\n"
+            "                             step at batch <= 4 (default 0 = off, at most 16)\n"
+            "      --draft-always         draft even where it does not pay (default: only while\n"
+            "                             steps with drafts emit tokens faster than without)\n"
             "      --no-prefix-cache      disable automatic prefix caching\n"
             "      --lora NAME=PATH       an adapter a line selects with \"model\": \"NAME\"\n"
             "                             (repeatable)\n"
@@ -274,6 +278,8 @@ static int parse_opts(int argc, char **argv, struct batch_opts *o, struct batch_
         {"max-seqs", required_argument, NULL, 'S'},
         {"max-batch-tokens", required_argument, NULL, 'T'},
         {"prefill-chunk", required_argument, NULL, 'C'},
+        {"draft-n", required_argument, NULL, 'D'},
+        {"draft-always", no_argument, NULL, 'A'},
         {"no-prefix-cache", no_argument, NULL, 'N'},
         {"threads", required_argument, NULL, 't'},
         {"ctx", required_argument, NULL, 'c'},
@@ -297,6 +303,8 @@ static int parse_opts(int argc, char **argv, struct batch_opts *o, struct batch_
         case 'S': ok = parse_i32(optarg, 1, 4096, &sp->max_seqs); break;
         case 'T': ok = parse_i32(optarg, 1, 1 << 20, &sp->max_batch_tokens); break;
         case 'C': ok = parse_i32(optarg, 0, 1 << 20, &sp->prefill_chunk); break;
+        case 'D': ok = parse_i32(optarg, 0, SCHEDULER_MAX_DRAFT, &sp->draft_n); break;
+        case 'A': sp->draft_always = true; break;
         case 'N': sp->enable_prefix_cache = false; break;
         case 't': ok = parse_i32(optarg, 0, 4096, &sp->n_threads); break;
         case 'c': ok = parse_i32(optarg, 1, 1 << 24, &sp->n_ctx); break;
@@ -550,13 +558,15 @@ int cmd_batch(int argc, char **argv) {
     fprintf(stderr,
             "batch: requests=%lld generated=%lld wall_s=%.3f tok_s=%.1f decode_tok_s=%.1f "
             "prompt_tokens=%lld prefix_hit_tokens=%lld preemptions=%lld steps=%lld "
-            "lora_loads=%lld lora_evictions=%lld lora_waits=%lld\n",
+            "lora_loads=%lld lora_evictions=%lld lora_waits=%lld draft_tokens=%lld "
+            "draft_accepted=%lld\n",
             (long long)n_lines, (long long)st.n_generated_tokens, wall_s,
             wall_s > 0 ? (double)st.n_generated_tokens / wall_s : 0.0,
             decode_s > 0 ? (double)(st.n_generated_tokens - r.n_first) / decode_s : 0.0,
             (long long)st.n_prompt_tokens, (long long)st.n_prefix_hit_tokens,
             (long long)st.n_preemptions, (long long)st.n_steps, (long long)st.n_lora_loads,
-            (long long)st.n_lora_evictions, (long long)st.n_lora_waits);
+            (long long)st.n_lora_evictions, (long long)st.n_lora_waits,
+            (long long)st.n_draft_tokens, (long long)st.n_draft_accepted);
     free(r.acc);
     free(r.done);
     free(lines);

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "tests/helpers/testutil.h"
 
@@ -319,6 +320,92 @@ static void test_batch_ctx_limit_and_kv_type(void **state) {
     remove(path);
 }
 
+/* Speculative decoding (batch --draft-n): the tokens are exactly those of
+ * decoding one at a time, greedy and sampled (same seed, penalties, a stop
+ * string), including when the KV pool is too small for every draft; from
+ * [BOS] they are the README's greedy ids. Prompts that repeat themselves
+ * make drafts that get accepted (the batch line's draft counters). */
+static const char *const k_spec_lines[] = {
+    "{\"prompt\": [1], \"max_tokens\": 31, \"temperature\": 0}",
+    "{\"prompt\": \"Once upon a time, there was a little girl named Lily. She loved to play "
+    "outside in the park. Once upon a time, there was a little girl named Lily. She loved to\", "
+    "\"max_tokens\": 60, \"temperature\": 0}",
+    "{\"prompt\": \"Tom had a red ball. Tom had a red ball. Tom had a red\", \"max_tokens\": 60, "
+    "\"temperature\": 0}",
+    "{\"prompt\": \"Tom had a red ball. Tom had a red ball. Tom had a red\", \"max_tokens\": 60, "
+    "\"temperature\": 0.8, \"seed\": 7, \"repetition_penalty\": 1.1}",
+    "{\"prompt\": \"The cat sat on the mat. The cat sat on the mat. The cat\", \"max_tokens\": 40, "
+    "\"temperature\": 1.0, \"top_k\": 20, \"seed\": 3, \"stop\": [\"dog\"]}",
+};
+#define N_SPEC ((int)(sizeof(k_spec_lines) / sizeof(k_spec_lines[0])))
+
+/* Runs batch with extra flags; fills ids[i] (a JSON array, owned) by index
+ * and returns the draft_accepted counter of its stderr line. */
+static long long spec_run(const char *m, const char *prompts, const char *flags,
+                          json_t *ids[N_SPEC]) {
+    char cmd[8192];
+    const char *err = testutil_path(testutil_build_dir(), "tests/spec-batch.err");
+    snprintf(cmd, sizeof(cmd), "%s batch -m %s --prompts %s -t 1 %s 2>%s", bin(), m, prompts,
+             flags, err);
+    static char out[1 << 16];
+    assert_int_equal(run(cmd, out, sizeof(out)), 0);
+    for (int i = 0; i < N_SPEC; i++) ids[i] = NULL;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        json_t *j = json_loads(line, 0, NULL);
+        assert_non_null(j);
+        int idx = (int)json_integer_value(json_object_get(j, "index"));
+        assert_true(idx >= 0 && idx < N_SPEC);
+        ids[idx] = json_incref(json_object_get(j, "token_ids"));
+        assert_non_null(ids[idx]);
+        json_decref(j);
+    }
+    char *e = testutil_read_file(err, NULL);
+    assert_non_null(e);
+    const char *c = strstr(e, "draft_accepted=");
+    assert_non_null(c);
+    long long accepted = atoll(c + strlen("draft_accepted="));
+    free(e);
+    return accepted;
+}
+
+static void test_batch_draft_exact(void **state) {
+    (void)state;
+    const char *shared = shared_or_skip();
+    char m[4096];
+    snprintf(m, sizeof(m), "%s/models/stories260K.gguf", shared);
+    const char *prompts = testutil_path(testutil_build_dir(), "tests/spec-prompts.jsonl");
+    FILE *f = fopen(prompts, "w");
+    assert_non_null(f);
+    for (int i = 0; i < N_SPEC; i++) fprintf(f, "%s\n", k_spec_lines[i]);
+    fclose(f);
+    json_t *ref[N_SPEC], *got[N_SPEC];
+    assert_int_equal(spec_run(m, prompts, "--max-seqs 1", ref), 0);
+    // the README's greedy ids after [BOS]
+    const int readme[31] = {403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315,
+                            421, 395, 317, 426, 338, 401, 396, 267, 337, 410, 408,
+                            419, 292, 411, 322, 265, 282, 295, 433, 426};
+    assert_int_equal(json_array_size(ref[0]), 31);
+    for (int i = 0; i < 31; i++)
+        assert_int_equal(json_integer_value(json_array_get(ref[0], (size_t)i)), readme[i]);
+    // --draft-always: every possible draft is verified (the timing policy
+    // would turn drafting off for this tiny model); the last run has the policy.
+    const char *flags[] = {"--max-seqs 1 --draft-n 4 --draft-always",
+                           "--max-seqs 1 --draft-n 16 --draft-always", "--draft-n 3 --draft-always",
+                           "--max-seqs 2 --draft-n 8 --kv-blocks 14 --draft-always",
+                           "--max-seqs 1 --draft-n 4"};
+    for (int k = 0; k < 5; k++) {
+        long long accepted = spec_run(m, prompts, flags[k], got);
+        print_message("%s: %lld draft tokens accepted\n", flags[k], accepted);
+        if (k < 4) assert_true(accepted > 0);
+        for (int i = 0; i < N_SPEC; i++) {
+            assert_non_null(got[i]);
+            assert_true(json_equal(got[i], ref[i]));
+            json_decref(got[i]);
+        }
+    }
+    for (int i = 0; i < N_SPEC; i++) json_decref(ref[i]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_generate_stories260k_prints_reference_ids),
@@ -333,6 +420,7 @@ int main(void) {
         cmocka_unit_test(test_generate_ctx_limit),
         cmocka_unit_test(test_generate_kv_types),
         cmocka_unit_test(test_batch_ctx_limit_and_kv_type),
+        cmocka_unit_test(test_batch_draft_exact),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
