@@ -37,6 +37,7 @@ void config_init_defaults(struct config *c) {
     c->max_connections = 4096;
     c->shutdown_grace_s = 10;
     c->max_loras = 8;
+    c->tp = 1;
     c->log_level = LOG_LEVEL_INFO;
 }
 
@@ -148,6 +149,11 @@ int config_validate(const struct config *c, char *msg, size_t msg_size) {
     }
     if (c->block_size & (c->block_size - 1)) {
         snprintf(msg, msg_size, "--block-size: %d is not a power of two", (int)c->block_size);
+        return ERR_INVAL;
+    }
+    if (c->tp > 1 && (c->n_loras > 0 || c->allow_runtime_lora)) {
+        snprintf(msg, msg_size, "adapters (--lora, --allow-runtime-lora) under --tp > 1 are "
+                 "not supported yet");
         return ERR_INVAL;
     }
     if (c->max_loras == 0 && (c->n_loras > 0 || c->allow_runtime_lora)) {

@@ -76,6 +76,8 @@ const struct setting setting_table[] = {
     {"lora", 0, "lora", SETTING_KIND_LORA, OFF(lora_names), 0, 0, "NAME=PATH",
      "serve an adapter (PEFT dir, GGUF LoRA, bottleneck dir) as model NAME (repeatable; "
      "file: {\"NAME\": \"PATH\"} or [\"NAME=PATH\"])"},
+    {"tp", 0, "tp", SETTING_KIND_I32, OFF(tp), 1, 1024, "N",
+     "tensor parallelism: split the model over the N ranks of mpirun -np N (docs/parallelism.md)"},
     {"max-loras", 0, "max_loras", SETTING_KIND_I32, OFF(max_loras), 0, 256, "N",
      "adapter slots: distinct adapters batched at once (more wait); 0 = no adapters"},
     {"allow-runtime-lora", 0, "allow_runtime_lora", SETTING_KIND_BOOL, OFF(allow_runtime_lora),

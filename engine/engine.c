@@ -35,11 +35,13 @@ struct engine_ctx_params engine_ctx_default_params(void) {
 size_t engine_kv_block_bytes(const struct engine_model *m, int32_t block_size,
                              enum engine_kv_type kv_type) {
     const struct hparams *hp = &m->hp;
-    return kv_block_bytes(kv_type, hp->n_layer, hp->n_head_kv, hp->head_dim, block_size);
+    return kv_block_bytes(kv_type, hp->n_layer, m->shard.n_head_kv, hp->head_dim, block_size);
 }
 
 void engine_ctx_free(struct engine_ctx *ctx) {
     if (!ctx) return;
+    if (ctx->is_tp_ready && comm_rank(ctx->comm) == 0) step_desc_send_stop(ctx->comm);
+    step_desc_deinit(&ctx->desc);
     threadpool_free(ctx->pool);
     kern_scratch_free(&ctx->kscratch);
     kv_free(&ctx->kv);
@@ -73,54 +75,88 @@ static float *alloc_floats(size_t rows, size_t cols, int *err) {
     return p;
 }
 
-int engine_ctx_create(const struct engine_model *m, const struct engine_ctx_params *p,
-                      struct engine_ctx **out) {
-    *out = NULL;
-    struct engine_ctx_params prm = *p;
-    if (prm.n_threads <= 0) {
+/* Tensor parallelism: every rank takes rank 0's limits (n_threads stays its own). */
+static void share_params(struct engine_ctx_params *p) {
+    int32_t v[7] = {p->max_batch_tokens, p->max_seqs, p->max_outputs, p->block_size,
+                    p->n_blocks, p->max_adapters, (int32_t)p->kv_type};
+    comm_bcast(p->comm, v, sizeof(v));
+    p->max_batch_tokens = v[0];
+    p->max_seqs = v[1];
+    p->max_outputs = v[2];
+    p->block_size = v[3];
+    p->n_blocks = v[4];
+    p->max_adapters = v[5];
+    p->kv_type = (enum engine_kv_type)v[6];
+}
+
+/* Fills in the defaults of prm and checks it against the model. */
+static int check_params(const struct engine_model *m, struct engine_ctx_params *prm) {
+    if (prm->n_threads <= 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
-        prm.n_threads = n > 0 ? (int32_t)n : 1;
+        prm->n_threads = n > 0 ? (int32_t)n : 1;
     }
-    if (prm.max_outputs <= 0) prm.max_outputs = prm.max_seqs;
-    if (prm.max_batch_tokens < 1 || prm.max_batch_tokens > (1 << 20) || prm.max_seqs < 1 ||
-        prm.max_outputs < 1 || prm.max_outputs > prm.max_batch_tokens || prm.block_size < 1 ||
-        prm.block_size > 4096 || prm.n_blocks < 2 || prm.n_threads > 1024 ||
-        prm.max_adapters < 0 || prm.max_adapters > ENGINE_MAX_ADAPTERS ||
-        prm.kv_type < 0 || prm.kv_type >= ENGINE_KV_TYPE_COUNT) {
+    if (prm->max_outputs <= 0) prm->max_outputs = prm->max_seqs;
+    if (prm->max_batch_tokens < 1 || prm->max_batch_tokens > (1 << 20) || prm->max_seqs < 1 ||
+        prm->max_outputs < 1 || prm->max_outputs > prm->max_batch_tokens ||
+        prm->block_size < 1 || prm->block_size > 4096 || prm->n_blocks < 2 ||
+        prm->n_threads > 1024 || prm->max_adapters < 0 ||
+        prm->max_adapters > ENGINE_MAX_ADAPTERS || prm->kv_type < 0 ||
+        prm->kv_type >= ENGINE_KV_TYPE_COUNT) {
         LOG_ERROR("%s: invalid context parameters (max_batch_tokens=%d max_seqs=%d "
                   "max_outputs=%d block_size=%d n_blocks=%d threads=%d kv_type=%d "
-                  "max_adapters=%d)", __func__, prm.max_batch_tokens, prm.max_seqs,
-                  prm.max_outputs, prm.block_size, prm.n_blocks, prm.n_threads, (int)prm.kv_type,
-                  prm.max_adapters);
+                  "max_adapters=%d)", __func__, prm->max_batch_tokens, prm->max_seqs,
+                  prm->max_outputs, prm->block_size, prm->n_blocks, prm->n_threads,
+                  (int)prm->kv_type, prm->max_adapters);
         return ERR_INVAL;
     }
-    if (prm.max_seqs > prm.max_batch_tokens) prm.max_seqs = prm.max_batch_tokens;
-    if (prm.max_outputs > prm.max_batch_tokens) prm.max_outputs = prm.max_batch_tokens;
+    if (comm_size(prm->comm) != m->shard.size || comm_rank(prm->comm) != m->shard.rank) {
+        LOG_ERROR("%s: the model was loaded as tensor-parallel rank %d of %d, the comm is "
+                  "rank %d of %d", __func__, m->shard.rank, m->shard.size,
+                  comm_rank(prm->comm), comm_size(prm->comm));
+        return ERR_INVAL;
+    }
+    if (m->shard.size > 1 && prm->max_adapters > 0) {
+        LOG_ERROR("%s: adapters under tensor parallelism (%d ranks) are not supported yet",
+                  __func__, m->shard.size);
+        return ERR_UNSUPPORTED;
+    }
+    if (prm->max_seqs > prm->max_batch_tokens) prm->max_seqs = prm->max_batch_tokens;
+    if (prm->max_outputs > prm->max_batch_tokens) prm->max_outputs = prm->max_batch_tokens;
+    return 0;
+}
 
+/* Allocates everything for checked params; on failure *out holds what was built. */
+static int ctx_alloc(const struct engine_model *m, const struct engine_ctx_params *prm,
+                     struct engine_ctx **out) {
     struct engine_ctx *ctx = calloc(1, sizeof(*ctx));
+    *out = ctx;
     if (!ctx) return ERR_NOMEM;
     ctx->model = m;
-    ctx->params = prm;
+    ctx->params = *prm;
+    ctx->comm = prm->comm;
     const struct hparams *hp = &m->hp;
-    const size_t T = (size_t)prm.max_batch_tokens;
-    const size_t n_q = (size_t)hp->n_head * hp->head_dim;
-    const size_t n_kv = (size_t)hp->n_head_kv * hp->head_dim;
+    const struct shard *sh = &m->shard;
+    const size_t T = (size_t)prm->max_batch_tokens;
+    const size_t n_q = (size_t)sh->n_head * hp->head_dim;
+    const size_t n_kv = (size_t)sh->n_head_kv * hp->head_dim;
+    const size_t n_ff = (size_t)sh->n_ff;
     int err = 0;
 
-    ctx->pool = threadpool_create(prm.n_threads);
-    if (!ctx->pool) {
-        err = ERR_NOMEM;
-        goto fail;
-    }
+    ctx->pool = threadpool_create(prm->n_threads);
+    if (!ctx->pool) return ERR_NOMEM;
     ctx->params.n_threads = threadpool_n_threads(ctx->pool);
     int64_t max_k = hp->n_embd;
-    if (hp->n_ff > max_k) max_k = hp->n_ff;
+    if ((int64_t)n_ff > max_k) max_k = (int64_t)n_ff;
     if ((int64_t)n_q > max_k) max_k = (int64_t)n_q;
     err = kern_scratch_init(&ctx->kscratch, ctx->params.n_threads, max_k);
-    if (err) goto fail;
-    err = kv_init(&ctx->kv, prm.kv_type, hp->n_layer, prm.n_blocks, prm.block_size,
-                  hp->n_head_kv, hp->head_dim);
-    if (err) goto fail;
+    if (err) return err;
+    err = kv_init(&ctx->kv, prm->kv_type, hp->n_layer, prm->n_blocks, prm->block_size,
+                  sh->n_head_kv, hp->head_dim);
+    if (err) return err;
+    if (sh->size > 1) {
+        err = step_desc_init(&ctx->desc, prm->max_batch_tokens, prm->max_seqs);
+        if (err) return err;
+    }
 
     ctx->x = alloc_floats(T, (size_t)hp->n_embd, &err);
     ctx->xb = alloc_floats(T, (size_t)hp->n_embd, &err);
@@ -129,45 +165,61 @@ int engine_ctx_create(const struct engine_model *m, const struct engine_ctx_para
     ctx->k = alloc_floats(T, n_kv, &err);
     ctx->v = alloc_floats(T, n_kv, &err);
     ctx->att = alloc_floats(T, n_q, &err);
-    ctx->hb = alloc_floats(T, (size_t)hp->n_ff, &err);
-    ctx->hb2 = alloc_floats(T, (size_t)hp->n_ff, &err);
+    ctx->hb = alloc_floats(T, n_ff, &err);
+    ctx->hb2 = alloc_floats(T, n_ff, &err);
     ctx->rope_cos = alloc_floats(T, (size_t)hp->n_rot / 2, &err);
     ctx->rope_sin = alloc_floats(T, (size_t)hp->n_rot / 2, &err);
     ctx->att_scratch_floats =
-        attention_scratch_floats(hp->n_head, hp->n_head_kv, hp->head_dim, prm.block_size);
+        attention_scratch_floats(sh->n_head, sh->n_head_kv, hp->head_dim, prm->block_size);
     ctx->att_scratch = alloc_floats((size_t)ctx->params.n_threads, ctx->att_scratch_floats, &err);
-    ctx->xo = alloc_floats((size_t)prm.max_outputs, (size_t)hp->n_embd, &err);
-    ctx->logits = alloc_floats((size_t)prm.max_outputs, (size_t)hp->n_vocab, &err);
+    ctx->xo = alloc_floats((size_t)prm->max_outputs, (size_t)hp->n_embd, &err);
+    // Only rank 0 runs the classifier (model/shard.h).
+    ctx->logits = alloc_floats(sh->rank == 0 ? (size_t)prm->max_outputs : 1,
+                               (size_t)hp->n_vocab, &err);
     ctx->att_tiles = malloc(T * sizeof(*ctx->att_tiles));
     if (!ctx->att_tiles) err = ERR_NOMEM;
-    if (prm.max_adapters > 0 && !err) {
+    if (prm->max_adapters > 0 && !err) {
         // The widest apply: q, k and v together, or gate and up together.
         int64_t out_floats = (int64_t)n_q + 2 * (int64_t)n_kv;
         if (2 * (int64_t)hp->n_ff > out_floats) out_floats = 2 * (int64_t)hp->n_ff;
         if (hp->n_embd > out_floats) out_floats = hp->n_embd;
-        ctx->adapters = calloc((size_t)prm.max_adapters, sizeof(*ctx->adapters));
-        ctx->ab_count = malloc(((size_t)prm.max_adapters + 1) * sizeof(*ctx->ab_count));
+        ctx->adapters = calloc((size_t)prm->max_adapters, sizeof(*ctx->adapters));
+        ctx->ab_count = malloc(((size_t)prm->max_adapters + 1) * sizeof(*ctx->ab_count));
         if (!ctx->adapters || !ctx->ab_count) err = ERR_NOMEM;
-        if (!err) err = adapter_batch_init(&ctx->ab, prm.max_batch_tokens, out_floats);
+        if (!err) err = adapter_batch_init(&ctx->ab, prm->max_batch_tokens, out_floats);
     }
     // Attention follows the kernels' choice: portable when they were forced portable.
-    ctx->attn_kern = kern_attn_select(prm.kv_type, kern_get()->isa_quant);
+    ctx->attn_kern = kern_attn_select(prm->kv_type, kern_get()->isa_quant);
     if (err) {
         LOG_ERROR("%s: cannot allocate scratch for %d tokens and %d outputs", __func__,
-                  prm.max_batch_tokens, prm.max_outputs);
-        goto fail;
+                  prm->max_batch_tokens, prm->max_outputs);
     }
-    *out = ctx;
-    return 0;
-
-fail:
-    engine_ctx_free(ctx);
     return err;
 }
 
-int engine_forward(struct engine_ctx *ctx, const struct engine_batch *b,
-                   const float **out_logits) {
-    *out_logits = NULL;
+int engine_ctx_create(const struct engine_model *m, const struct engine_ctx_params *p,
+                      struct engine_ctx **out) {
+    *out = NULL;
+    struct engine_ctx_params prm = *p;
+    share_params(&prm);
+    struct engine_ctx *ctx = NULL;
+    int err = check_params(m, &prm);
+    if (!err) err = ctx_alloc(m, &prm, &ctx);
+    // Under tensor parallelism a ctx that failed on one rank fails on all, so no rank is
+    // left waiting for steps that never come.
+    err = comm_agree(prm.comm, err);
+    if (err) {
+        engine_ctx_free(ctx);
+        return err;
+    }
+    ctx->is_tp_ready = m->shard.size > 1;
+    *out = ctx;
+    return 0;
+}
+
+/* Checks the batch against the ctx's limits and counts its output rows. */
+static int check_batch(const struct engine_ctx *ctx, const struct engine_batch *b,
+                       int32_t *out_n_outputs) {
     const struct engine_ctx_params *p = &ctx->params;
     if (b->n_tokens < 1 || b->n_tokens > p->max_batch_tokens || b->n_seqs < 1 ||
         b->n_seqs > p->max_seqs) {
@@ -202,8 +254,33 @@ int engine_forward(struct engine_ctx *ctx, const struct engine_batch *b,
                   p->max_outputs);
         return ERR_INVAL;
     }
+    *out_n_outputs = n_outputs;
+    return 0;
+}
+
+int engine_forward(struct engine_ctx *ctx, const struct engine_batch *b,
+                   const float **out_logits) {
+    *out_logits = NULL;
+    ASSERT(comm_rank(ctx->comm) == 0);  // the other ranks follow (engine_follow)
+    int32_t n_outputs = 0;
+    int err = check_batch(ctx, b, &n_outputs);
+    if (err) return err;
+    if (ctx->is_tp_ready) step_desc_send(&ctx->desc, ctx->comm, b);
     forward_run(ctx, b, n_outputs);
     *out_logits = ctx->logits;
+    return 0;
+}
+
+int engine_follow(struct engine_ctx *ctx) {
+    ASSERT(ctx->is_tp_ready && comm_rank(ctx->comm) > 0);
+    struct engine_batch b;
+    while (step_desc_recv(&ctx->desc, ctx->comm, &b) == STEP_DESC_KIND_FORWARD) {
+        // Rank 0 checked the batch against the same limits before sending it.
+        int32_t n_outputs = 0;
+        const int err = check_batch(ctx, &b, &n_outputs);
+        ASSERT(err == 0);
+        forward_run(ctx, &b, n_outputs);
+    }
     return 0;
 }
 

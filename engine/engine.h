@@ -22,11 +22,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-// The engine's other public parts: the KV storage types, adapters (LoRA,
-// bottleneck), the model's tokenizer, the per-sequence sampler, grammars for
-// constrained decoding and the stop-string matcher. engine.h is the umbrella
-// header the scheduler and the server include; each of these includes nothing
-// of the engine but engine/base/.
+// The engine's other public parts: the communicator of tensor parallelism,
+// the KV storage types, adapters (LoRA, bottleneck), the model's tokenizer,
+// the per-sequence sampler, grammars for constrained decoding and the
+// stop-string matcher. engine.h is the umbrella header the scheduler and the
+// server include; each of these includes nothing of the engine but
+// engine/base/.
+#include "engine/comm/comm.h"
 #include "engine/format/kv_type.h"
 #include "engine/model/lora.h"
 #include "engine/text/gbnf.h"
@@ -44,15 +46,23 @@ struct engine_model_params {
     const char *path;    // GGUF file
     bool show_progress;  // show the weight packing's progress on the log fd
                          // (engine/base/progress.h); default false
+    int32_t tp_rank;     // tensor parallelism: this process's rank, 0 <= tp_rank < tp_size
+    int32_t tp_size;     // ranks the model is split over (default 1: all of it here); each
+                         // rank keeps its own heads and FFN columns only, rank 0 also the
+                         // classifier (engine/model/shard.h, docs/parallelism.md)
 };
 
 struct engine_model_params engine_model_default_params(void);
 
-/* Loads and validates a GGUF model. On success *out is owned by the caller
- * (free with engine_model_free()). Returns 0, ERR_IO, ERR_FORMAT (corrupt file,
+/* Loads and validates a GGUF model (with tp_size > 1: rank tp_rank's slice
+ * of it). On success *out is owned by the caller (free with
+ * engine_model_free()). Returns 0, ERR_IO, ERR_FORMAT (corrupt file,
  * missing or mis-shaped tensor: the message names it), ERR_UNSUPPORTED
- * (architecture or weight type not supported: the message names it) or
- * ERR_NOMEM. [any thread] */
+ * (architecture or weight type not supported, or a model that cannot be
+ * split over tp_size ranks: the message names it), ERR_INVAL (tp_rank out
+ * of range) or ERR_NOMEM. Loading involves no other rank: under tensor
+ * parallelism, pass the result through comm_agree() before going on.
+ * [any thread] */
 int engine_model_load(const struct engine_model_params *p, struct engine_model **out);
 
 /* NULL-safe. No ctx of this model may outlive it. */
@@ -114,23 +124,36 @@ struct engine_ctx_params {
     int32_t max_adapters;      // adapter slots (engine/lora.h), 0..ENGINE_MAX_ADAPTERS;
                                // 0: adapters not used
     enum engine_kv_type kv_type;  // storage of the KV pool (default F32)
+    struct comm *comm;         // tensor parallelism: the job's ranks (borrowed; outlives the
+                               // ctx); NULL: this process alone (default)
 };
 
 struct engine_ctx_params engine_ctx_default_params(void);
 
 /* Bytes one KV block of kv_type takes for this model (K and V of every
- * layer). Lets the caller turn a memory budget into n_blocks. */
+ * layer; under tensor parallelism of this rank's kv heads only). Lets the
+ * caller turn a memory budget into n_blocks. */
 size_t engine_kv_block_bytes(const struct engine_model *m, int32_t block_size,
                              enum engine_kv_type kv_type);
 
 /* Creates a context: worker pool, scratch for max_batch_tokens, the KV pool.
  * *out is owned by the caller (engine_ctx_free()). Returns 0, ERR_INVAL (bad
- * params; logged) or ERR_NOMEM (KV pool or scratch too big; logged with the
- * sizes). Retains m until engine_ctx_free(). [any thread, before use] */
+ * params, or a comm whose rank and size are not the model's tp_rank and
+ * tp_size; logged), ERR_UNSUPPORTED (adapters under tensor parallelism;
+ * logged) or ERR_NOMEM (KV pool or scratch too big; logged with the sizes).
+ * Retains m until engine_ctx_free(). [any thread, before use]
+ *
+ * Tensor parallelism (comm of more than one rank): a collective. Every rank
+ * calls it; the ranks other than 0 take every limit (all but n_threads and
+ * comm) from rank 0's params, and all of them return the same code (if it
+ * fails anywhere, it fails everywhere). Then rank 0 runs engine_forward()
+ * and the others engine_follow() on their ctx, until rank 0 frees its own. */
 int engine_ctx_create(const struct engine_model *m, const struct engine_ctx_params *p,
                       struct engine_ctx **out);
 
-/* NULL-safe. */
+/* NULL-safe. On rank 0 of a tensor-parallel job, tells the other ranks to
+ * return from engine_follow() (on the thread that ran the steps, or after it
+ * was joined). */
 void engine_ctx_free(struct engine_ctx *ctx);
 
 /* ---- batch and forward ---------------------------------------------------- */
@@ -161,7 +184,8 @@ struct engine_batch {
     const struct engine_seq *seqs;  // [n_seqs]
 };
 
-/* Runs the decoder over the batch. Indices, positions and block ids are our
+/* Runs the decoder over the batch (under tensor parallelism: on rank 0, with
+ * the other ranks in engine_follow()). Indices, positions and block ids are our
  * own promises and are ASSERTed. On success *out_logits points at
  * [n_outputs][n_vocab] floats, one row per token whose output flag is set, in
  * batch order; owned by ctx, valid until the next engine_forward() on ctx.
@@ -169,6 +193,13 @@ struct engine_batch {
  * names an adapter slot that is out of range or empty (logged). [step thread] */
 int engine_forward(struct engine_ctx *ctx, const struct engine_batch *batch,
                    const float **out_logits);
+
+/* Tensor parallelism, ranks other than 0: runs, on ctx's slice of the model,
+ * every forward pass rank 0's ctx runs (the batch comes from rank 0 in a
+ * step descriptor, engine/compute/step_desc.h), and returns 0 when rank 0
+ * frees its ctx. Waiting for a step costs no CPU. [the thread that created
+ * ctx] */
+int engine_follow(struct engine_ctx *ctx);
 
 /* The model a ctx was created with. */
 const struct engine_model *engine_ctx_model(const struct engine_ctx *ctx);

@@ -771,6 +771,7 @@ int scheduler_create(const struct engine_model *model, const struct scheduler_pa
     cp.n_blocks = n_blocks;
     cp.kv_type = p->kv_type;
     cp.max_adapters = p->max_loras;
+    cp.comm = p->comm;
     lora_slots_init(&s->loras, p->max_loras);
     int err = engine_ctx_create(model, &cp, &s->ctx);
     if (err) goto fail;

@@ -47,6 +47,8 @@ struct scheduler_params {
                                 //    (0..SCHEDULER_MAX_DRAFT; 0: off, the default)
     bool draft_always;          // draft even where it does not pay (tests, benchmarks);
                                 //    false: only while it is faster (scheduler.c)
+    struct comm *comm;          // tensor parallelism: the job's ranks (engine_ctx_params.comm;
+                                //   borrowed, outlives the scheduler); NULL: none
 };
 
 struct scheduler_params scheduler_default_params(void);

@@ -31,6 +31,7 @@
 #include "engine/kernels/kernels.h"
 #include "engine/text/stop.h"
 #include "server/cmd.h"
+#include "server/tp.h"
 
 struct generate_opts {
     const char *model;
@@ -52,6 +53,7 @@ struct generate_opts {
     const char *lora_specs[16];    // --lora NAME=PATH as given
     int32_t n_loras;
     const char *lora_name;         // --lora-name, or NULL: the only --lora
+    int32_t tp;                    // --tp: tensor-parallel ranks (run under mpirun -np N)
 };
 
 static void generate_usage(FILE *fp) {
@@ -81,6 +83,8 @@ static void generate_usage(FILE *fp) {
             "                            repeatable, the sequence runs under --lora-name's\n"
             "      --lora-name NAME      which --lora to use (default: the only one)\n"
             "  -t, --threads N           kernel threads (default: all cores)\n"
+            "      --tp N                split the model over N ranks of mpirun -np N (default 1;\n"
+            "                            docs/parallelism.md)\n"
             "  -b, --batch N             prefill chunk in tokens (default 512)\n"
             "  -c, --ctx N               most tokens, prompt + generated (default: the model's\n"
             "                            context_length); more is an error\n"
@@ -212,7 +216,7 @@ static void write_out(const struct buf *b) {
 }
 
 enum {
-    OPT_PROMPT_IDS = 256, OPT_KV_TYPE, OPT_IGNORE_EOS, OPT_LOG_LEVEL, OPT_CHAT, OPT_SYSTEM, OPT_TEMP,
+    OPT_PROMPT_IDS = 256, OPT_TP, OPT_KV_TYPE, OPT_IGNORE_EOS, OPT_LOG_LEVEL, OPT_CHAT, OPT_SYSTEM, OPT_TEMP,
     OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_REPEAT, OPT_PRESENCE, OPT_FREQUENCY, OPT_SEED,
     OPT_STOP, OPT_LORA, OPT_LORA_NAME,
 };
@@ -236,6 +240,7 @@ static const struct option long_opts[] = {
     {"lora", required_argument, NULL, OPT_LORA},
     {"lora-name", required_argument, NULL, OPT_LORA_NAME},
     {"threads", required_argument, NULL, 't'},
+    {"tp", required_argument, NULL, OPT_TP},
     {"ctx", required_argument, NULL, 'c'},
     {"kv-type", required_argument, NULL, OPT_KV_TYPE},
     {"batch", required_argument, NULL, 'b'},
@@ -248,7 +253,8 @@ static const struct option long_opts[] = {
 /* Reads the flags into *o over its defaults. Returns -1 to go on, else the
  * exit code: 0 after --help, 2 after a message on stderr. */
 static int parse_opts(int argc, char **argv, struct generate_opts *o) {
-    *o = (struct generate_opts){.n_predict = 32, .batch = 512, .kv_type = ENGINE_KV_TYPE_F16};
+    *o = (struct generate_opts){.n_predict = 32, .batch = 512, .kv_type = ENGINE_KV_TYPE_F16,
+                                .tp = 1};
     o->sp = sampler_default_params();
     o->sp.top_k = 40;
     o->sp.top_p = 0.95f;
@@ -307,6 +313,7 @@ static int parse_opts(int argc, char **argv, struct generate_opts *o) {
             break;
         case OPT_LORA_NAME: o->lora_name = optarg; break;
         case 't': err = parse_i32(optarg, 1, 1024, &o->n_threads); break;
+        case OPT_TP: err = parse_i32(optarg, 1, 1024, &o->tp); break;
         case 'b': err = parse_i32(optarg, 1, 1 << 16, &o->batch); break;
         case OPT_IGNORE_EOS: o->ignore_eos = true; break;
         case OPT_LOG_LEVEL: {
@@ -369,6 +376,9 @@ static int check_opts(struct generate_opts *o, const char **lora_path) {
 /* One run's state. Every pointer is owned (release with run_free()) except
  * where marked. */
 struct generate_run {
+    struct comm *comm;               // tensor parallelism: the job's ranks; NULL: one process
+    bool are_ranks_waiting;          // rank 0 of several, before its ctx exists: the other
+                                     //   ranks wait for it, so a failure must end them too
     struct engine_model *model;
     const struct tokenizer *tok;     // borrowed from model
     int32_t n_vocab;
@@ -403,6 +413,7 @@ static void run_free(struct generate_run *g) {
     free(g->outf);
     free(g->prompt);
     engine_model_free(g->model);
+    comm_close(g->comm);
 }
 
 /* The prompt ids from -p or --prompt-ids, and the sampler parameters checked
@@ -460,6 +471,7 @@ static int run_setup(struct generate_run *g, struct generate_opts *o, int32_t n_
     cp.n_blocks = n_need + 1;
     cp.kv_type = o->kv_type;
     cp.max_adapters = lora_path ? 1 : 0;
+    cp.comm = g->comm;
     g->max_batch_tokens = cp.max_batch_tokens;
     g->table = malloc((size_t)n_need * sizeof(int32_t));
     g->pos = malloc((size_t)cp.max_batch_tokens * sizeof(int32_t));
@@ -471,6 +483,7 @@ static int run_setup(struct generate_run *g, struct generate_opts *o, int32_t n_
     if (o->n_stops && stop_matcher_create(o->stops, o->n_stops, false, &g->stop) != 0) {
         return ERR_NOMEM;
     }
+    g->are_ranks_waiting = false;  // the ctx's creation answers them, whatever its outcome
     int err = engine_ctx_create(g->model, &cp, &g->ctx);
     if (err) return err;
     if (lora_path) {
@@ -587,19 +600,29 @@ int cmd_generate(int argc, char **argv) {
     const char *lora_path = NULL;
     code = check_opts(&o, &lora_path);
     if (code) return code;
+    if (o.tp > 1 && o.n_loras > 0) {
+        fprintf(stderr, "generate: --lora under --tp > 1 is not supported yet\n");
+        return 2;
+    }
 
     kern_dispatch_init(false);
     const char *blas_core = kern_blas_init();
     int64_t t0 = clock_mono_ns();
-    struct engine_model_params mp = engine_model_default_params();
-    mp.path = o.model;
-    mp.show_progress = true;
     struct generate_run g = {0};
-    int err = engine_model_load(&mp, &g.model);
+    int err = tp_open(o.tp, &g.comm);
+    if (err) return 1;
+    err = tp_load_model(g.comm, o.model, &g.model);
     if (err) {
         fprintf(stderr, "generate: cannot load %s: %s\n", o.model, err_str(err));
+        run_free(&g);
         return 1;
     }
+    if (comm_rank(g.comm) > 0) {  // tensor parallelism: this rank only follows rank 0
+        code = tp_follow(g.comm, g.model, o.n_threads);
+        run_free(&g);
+        return code;
+    }
+    g.are_ranks_waiting = comm_size(g.comm) > 1;
     const struct engine_model_info *info = engine_model_get_info(g.model);
     g.tok = engine_model_tokenizer(g.model);
     g.n_vocab = info->n_vocab;
@@ -641,10 +664,16 @@ int cmd_generate(int argc, char **argv) {
     // The first generated token came from the prefill's logits.
     fprintf(stderr, "decode: %d tokens in %.1f ms, %.2f tokens/s\n", n_gen,
             (double)t_decode / 1e6, n_gen > 1 ? (n_gen - 1) / ((double)t_decode / 1e9) : 0.0);
+    fprintf(stderr, "memory: peak RSS %.1f MiB\n", tp_peak_rss_mib());
+    if (g.comm) {
+        fprintf(stderr, "tp: %d ranks, rank 0 handed %llu bytes to collectives\n",
+                (int)comm_size(g.comm), (unsigned long long)comm_bytes_sent(g.comm));
+    }
     code = 0;
 
 done:
     if (err) fprintf(stderr, "generate: %s\n", err_str(err));
+    if (g.are_ranks_waiting) tp_fail(g.comm, code, "generate stopped before its first step");
     run_free(&g);
     return code;
 }

@@ -9,6 +9,10 @@
  * (STYLE 2.10; the include is listed in scripts/check-layering's exceptions).
  * Signals are blocked before any thread starts and taken with sigwait() on
  * the main thread, so no handler runs inside a library.
+ *
+ * Under tensor parallelism (--tp N, in mpirun -np N) rank 0 does all of the
+ * above; the other ranks load their slice and follow rank 0's steps
+ * (server/tp.h), never listen, and leave when rank 0's scheduler is freed.
  */
 #define LOG_TAG "serve"
 #include <arpa/inet.h>
@@ -36,6 +40,7 @@
 #include "server/lora_path.h"
 #include "server/lora_registry.h"
 #include "server/routes.h"
+#include "server/tp.h"
 
 static void log_model(const struct engine_model_info *info, const char *path) {
     LOG_INFO("model path=%s name=%s arch=%s type=%s params=%.1fM size_mib=%.1f n_ctx_train=%d "
@@ -51,10 +56,11 @@ static void sleep_ms(int ms) {
     nanosleep(&ts, NULL);
 }
 
-/* Creates and starts the scheduler from the config; *n_blocks: the KV
+/* Creates and starts the scheduler from the config (with the job's ranks
+ * under tensor parallelism, comm; else NULL); *n_blocks: the KV
  * blocks it got. Returns 0 or the error (logged). */
 static int start_scheduler(const struct config *cfg, struct engine_model *model,
-                           struct scheduler **out, int32_t *n_blocks) {
+                           struct comm *comm, struct scheduler **out, int32_t *n_blocks) {
     struct scheduler_params sp = scheduler_default_params();
     sp.block_size = cfg->block_size;
     sp.kv_memory_mib = (int32_t)(cfg->kv_bytes >> 20);
@@ -65,7 +71,8 @@ static int start_scheduler(const struct config *cfg, struct engine_model *model,
     sp.max_queue = cfg->max_queue;
     sp.n_threads = cfg->n_threads;
     sp.n_ctx = cfg->n_ctx;
-    sp.max_loras = cfg->max_loras;
+    sp.max_loras = comm ? 0 : cfg->max_loras;  // config/ refused adapters under --tp > 1
+    sp.comm = comm;
     int err = engine_kv_type_parse(cfg->kv_type, &sp.kv_type);
     ASSERT(err == 0);  // config/ accepted only the engine's names
     err = scheduler_create(model, &sp, out);
@@ -209,6 +216,7 @@ int cmd_serve(int argc, char **argv) {
     log_set_level(cfg.log_level);
     config_log(&cfg);
 
+    struct comm *comm = NULL;
     struct engine_model *model = NULL;
     struct scheduler *sched = NULL;
     struct auth *auth = NULL;
@@ -234,12 +242,16 @@ int cmd_serve(int argc, char **argv) {
         goto done;
     }
     int64_t t0 = clock_mono_ns();
-    struct engine_model_params mp = engine_model_default_params();
-    mp.path = cfg.model_path;
-    mp.show_progress = true;
-    err = engine_model_load(&mp, &model);
+    // MPI starts threads of its own: after the mask, so they inherit it.
+    err = tp_open(cfg.tp, &comm);
+    if (err) goto done;
+    err = tp_load_model(comm, cfg.model_path, &model);
     if (err) {
         LOG_ERROR("cannot load model %s: %s", cfg.model_path, err_str(err));
+        goto done;
+    }
+    if (comm_rank(comm) > 0) {
+        status = tp_follow(comm, model, cfg.n_threads);
         goto done;
     }
     const struct engine_model_info *info = engine_model_get_info(model);
@@ -248,7 +260,7 @@ int cmd_serve(int argc, char **argv) {
         LOG_WARN("this is a synthetic model: its weights are random, its output is gibberish");
     }
     int32_t n_blocks = 0;
-    if (start_scheduler(&cfg, model, &sched, &n_blocks) != 0) goto done;
+    if (start_scheduler(&cfg, model, comm, &sched, &n_blocks) != 0) goto done;
 
     struct routes_ctx app = {
         .sched = sched,
@@ -263,7 +275,7 @@ int cmd_serve(int argc, char **argv) {
         app.auth = auth;
     }
     char lora_dir[PATH_MAX];
-    if (cfg.max_loras > 0 &&
+    if (!comm && cfg.max_loras > 0 &&
         start_loras(&cfg, model, &app, &loras, &loader, lora_dir, sizeof(lora_dir)) != 0) {
         goto done;
     }
@@ -301,6 +313,9 @@ int cmd_serve(int argc, char **argv) {
     status = 0;
 
 done:
+    // Rank 0 failed with the other ranks still waiting for it (in the ctx's creation
+    // or a step): end them with it.
+    if (status != 0 && comm_rank(comm) == 0) tp_fail(comm, status, "serve failed");
     // The loader wakes HTTP slots, so it stops before they go (a stopped or
     // stuck loader wakes nobody); it is freed only after HTTP has stopped, as
     // a handler may still call it (and be refused) until then.
@@ -317,6 +332,7 @@ done:
         engine_model_free(model);
     }
     auth_destroy(auth);
+    comm_close(comm);
     if (status == 0) LOG_INFO("stopped");
     config_deinit(&cfg);
     return status;

@@ -15,6 +15,7 @@
 #include "engine/engine.h"
 #include "engine/kernels/kernels.h"
 #include "engine/compute/kv.h"
+#include "engine/compute/step_desc.h"
 
 struct threadpool;
 
@@ -23,9 +24,13 @@ struct engine_ctx {
     struct engine_ctx_params params;
     struct threadpool *pool;           // owned
     struct kern_scratch kscratch;      // owned: f16/bf16 conversion tiles
-    struct kv_store kv;                // owned: the KV block pool
+    struct kv_store kv;                // owned: the KV block pool (this rank's kv heads)
+    struct comm *comm;                 // borrowed (params.comm): NULL or the TP job's ranks
+    struct step_desc desc;             // owned: the step descriptor's buffers (TP only)
+    bool is_tp_ready;                  // created on every rank: rank 0 sends STOP when freed
 
-    // Activations for up to T = params.max_batch_tokens tokens (all owned).
+    // Activations for up to T = params.max_batch_tokens tokens (all owned); the widths
+    // are this rank's (Q, KV, F of the shard, model/shard.h), the same as the model's at TP 1.
     float *x;         // [T][n_embd] residual stream
     float *xb;        // [T][n_embd] normed input of a sub-layer
     float *xb2;       // [T][n_embd] sub-layer output
@@ -42,7 +47,7 @@ struct engine_ctx {
     float *att_scratch;       // [n_threads][att_scratch_floats]
     size_t att_scratch_floats;
     float *xo;                // [max_outputs][n_embd] normed rows that want logits
-    float *logits;            // [max_outputs][n_vocab]
+    float *logits;            // [max_outputs][n_vocab] (TP ranks other than 0: one row, unused)
 
     // Adapters (engine/lora.h); all NULL/empty when params.max_adapters is 0.
     struct engine_adapter **adapters;  // [max_adapters] slots: an owned reference or NULL
@@ -50,7 +55,8 @@ struct engine_ctx {
     int32_t *ab_count;                 // [max_adapters + 1] scratch of adapter_batch_build()
 };
 
-/* Runs the decoder over a validated batch (engine_forward checks the limits). */
+/* Runs the decoder over a validated batch (engine_forward checks the limits),
+ * with the collectives of tensor parallelism when ctx->comm has several ranks. */
 void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n_outputs);
 
 #endif

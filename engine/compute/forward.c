@@ -7,12 +7,19 @@
  *
  * T is the number of tokens in the batch (tokens of many sequences, flattened);
  * E = n_embd, Q = n_head * head_dim, KV = n_head_kv * head_dim, F = n_ff.
+ *
+ * Tensor parallelism (model/shard.h): n_head, n_head_kv and n_ff are this
+ * rank's share, the matrices its slices; the outputs of attn_output and
+ * ffn_down are partial sums, joined by one allreduce each per layer, after
+ * which every rank holds the same residual stream. Rank 0 alone computes the
+ * logits. At TP 1 the shares are the whole model and the allreduces no-ops.
  */
 #include <math.h>
 #include <string.h>
 
 #include "engine/model/adapter.h"
 #include "engine/compute/attention.h"
+#include "engine/comm/comm.h"
 #include "engine/base/alloc.h"
 #include "engine/compute/ctx.h"
 #include "engine/model/model.h"
@@ -76,12 +83,12 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
     const struct hparams *hp = &m->hp;
     const int32_t T = b->n_tokens;
     const int32_t n_embd = hp->n_embd;
-    const int32_t n_head = hp->n_head;
-    const int32_t n_head_kv = hp->n_head_kv;
+    const int32_t n_head = m->shard.n_head;        // this rank's (all at TP 1)
+    const int32_t n_head_kv = m->shard.n_head_kv;
     const int32_t head_dim = hp->head_dim;
     const int32_t n_q = n_head * head_dim;
     const int32_t n_kv = n_head_kv * head_dim;
-    const int32_t n_ff = hp->n_ff;
+    const int32_t n_ff = m->shard.n_ff;
     const int32_t n_pairs = hp->n_rot / 2;
     struct threadpool *pool = ctx->pool;
     struct kern_scratch *ks = &ctx->kscratch;
@@ -166,10 +173,12 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
         att.layer = il;
         attention_run(pool, &att);                                       // [T][Q]
 
-        // Output projection (+ LoRA), bottleneck adapter, residual       [T][E]
+        // Output projection (+ LoRA), summed over the ranks, bottleneck adapter,
+        // residual                                                       [T][E]
         kern_matmul(pool, ks, L->wo, ctx->att, T, ctx->xb2);
         const struct adapter_target o[1] = {{ADAPTER_PROJ_O, ctx->xb2, n_embd}};
         adapter_apply_lora(pool, ab, il, ctx->att, n_q, o, 1);
+        comm_allreduce_sum(ctx->comm, ctx->xb2, (int64_t)T * n_embd);
         adapter_apply_bottleneck(pool, ab, il, ADAPTER_POS_ATTN, ctx->xb2, n_embd);
         add_rows(ctx->x, ctx->xb2, (int64_t)T * n_embd);
 
@@ -187,15 +196,18 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
         struct swiglu_job sj = {.hb = ctx->hb, .hb2 = ctx->hb2};
         threadpool_run(pool, (int64_t)T * n_ff, 4096, swiglu_items, &sj);
 
-        // Down projection (+ LoRA), bottleneck adapter, residual         [T][E]
+        // Down projection (+ LoRA), summed over the ranks, bottleneck adapter,
+        // residual                                                       [T][E]
         kern_matmul(pool, ks, L->ffn_down, ctx->hb, T, ctx->xb2);
         const struct adapter_target down[1] = {{ADAPTER_PROJ_DOWN, ctx->xb2, n_embd}};
         adapter_apply_lora(pool, ab, il, ctx->hb, n_ff, down, 1);
+        comm_allreduce_sum(ctx->comm, ctx->xb2, (int64_t)T * n_embd);
         adapter_apply_bottleneck(pool, ab, il, ADAPTER_POS_FFN, ctx->xb2, n_embd);
         add_rows(ctx->x, ctx->xb2, (int64_t)T * n_embd);
     }
 
-    // Final norm of the rows that want logits, then the classifier  [n_out][vocab]
+    // Final norm of the rows that want logits, then the classifier (rank 0)  [n_out][vocab]
+    if (m->shard.rank != 0) return;
     int32_t n_out = 0;
     for (int32_t t = 0; t < T; t++) {
         if (!b->output[t]) continue;

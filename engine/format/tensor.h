@@ -17,7 +17,9 @@ struct tensor {
     enum quant_type type;
     int32_t n_dims;
     int64_t ne[4];          // elements per dimension; unused ones are 1
-    size_t row_bytes;       // bytes of one row of ne[0] elements
+    size_t row_bytes;       // bytes from one row to the next: those of ne[0] elements,
+                            //   or more in a column slice of tensor parallelism, a
+                            //   strided view of the file's wider rows (model/shard.h)
     const void *data;       // view into the mapping; valid for the model's life
     // the same matrix in the panel or q-panel layout of kern_matmul()
     // (kernels.h), owned by the model, or NULL (types without one, 1-D

@@ -72,9 +72,9 @@ static bool is_quantized(enum quant_type t) {
 
 /* y[:, r0:r1] = x * W[r0:r1]^T for f32 weights rows w_rows (r1 - r0 rows of k). */
 static void gemm_rows(const float *x, int64_t n_tokens, const float *w_rows, int64_t n_rows,
-                      int64_t k, float *y, int64_t ldy) {
+                      int64_t k, int64_t ldw, float *y, int64_t ldy) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)n_tokens, (blasint)n_rows,
-                (blasint)k, 1.0f, x, (blasint)k, w_rows, (blasint)k, 0.0f, y, (blasint)ldy);
+                (blasint)k, 1.0f, x, (blasint)k, w_rows, (blasint)ldw, 0.0f, y, (blasint)ldy);
 }
 
 /* Decode path: each weight row is read once, in its own type, and dotted with
@@ -144,7 +144,9 @@ static void matmul_slice(void *arg, int64_t r0, int64_t r1, int32_t ith, int32_t
         return;
     }
     if (w->type == QUANT_F32) {
-        gemm_rows(j->x, j->n_tokens, (const float *)w->data + r0 * k, r1 - r0, k, j->y + r0, n);
+        // rows r0.. in place; the stride may exceed k (a column slice, tensor.h)
+        gemm_rows(j->x, j->n_tokens, tensor_row(w, r0), r1 - r0, k,
+                  (int64_t)(w->row_bytes / sizeof(float)), j->y + r0, n);
         return;
     }
     const struct kern_dispatch *kd = kern_get();
@@ -156,7 +158,7 @@ static void matmul_slice(void *arg, int64_t r0, int64_t r1, int32_t ith, int32_t
     for (int64_t r = r0; r < r1; r += j->scratch->tile_rows) {
         int64_t rows = r1 - r < j->scratch->tile_rows ? r1 - r : j->scratch->tile_rows;
         for (int64_t i = 0; i < rows; i++) conv(tensor_row(w, r + i), tile + i * k, k);
-        gemm_rows(j->x, j->n_tokens, tile, rows, k, j->y + r, n);
+        gemm_rows(j->x, j->n_tokens, tile, rows, k, k, j->y + r, n);
     }
 }
 

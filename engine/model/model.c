@@ -412,6 +412,46 @@ static void drop_pages(const void *p, size_t n) {
     if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
+/* Cuts the bound layer tensors down to rank's slice of size ranks
+ * (m->shard; shard.h has the scheme), between binding and packing, so the
+ * panels and every kernel see ordinary, smaller matrices. */
+static int shard_layers(struct loader *ld, int32_t rank, int32_t size) {
+    struct engine_model *m = ld->m;
+    const struct hparams *hp = &m->hp;
+    int err = shard_plan(ld->path, rank, size, hp->n_head, hp->n_head_kv, hp->n_ff,
+                         m->layers[0].ffn_down->type, &m->shard);
+    if (err || size == 1) return err;
+    for (int pass = 0; pass < 2; pass++) {  // check every layer, then cut
+        for (int32_t il = 0; il < hp->n_layer; il++) {
+            struct layer *L = &m->layers[il];
+            // the model's own, writable tensors: the bound pointers are views of them
+            const struct shard_layer sl = {.wq = &m->tensors[L->wq - m->tensors],
+                                           .wk = &m->tensors[L->wk - m->tensors],
+                                           .wv = &m->tensors[L->wv - m->tensors],
+                                           .wo = &m->tensors[L->wo - m->tensors],
+                                           .ffn_gate = &m->tensors[L->ffn_gate - m->tensors],
+                                           .ffn_up = &m->tensors[L->ffn_up - m->tensors],
+                                           .ffn_down = &m->tensors[L->ffn_down - m->tensors],
+                                           .bq = &L->bq,
+                                           .bk = &L->bk,
+                                           .bv = &L->bv};
+            if (pass == 0) {
+                err = shard_check_layer(ld->path, &m->shard, hp->head_dim, &sl);
+            } else {
+                shard_cut_layer(&m->shard, hp->head_dim, &sl);
+            }
+            if (err) return err;
+        }
+    }
+    return 0;
+}
+
+/* Bytes of the file a matrix's rows span, first row to the end of the last: a
+ * column slice of tensor parallelism (shard.h) spans its whole wider rows. */
+static size_t span_bytes(const struct tensor *t) {
+    return (size_t)(t->ne[1] - 1) * t->row_bytes + quant_row_size(t->type, t->ne[0]);
+}
+
 /* Copies every matrix that kern_matmul() multiplies into the panel layout
  * (f32/f16/bf16) or the q-panel layout (quantized types; kernels.h), in one
  * anonymous mapping the model owns, and
@@ -429,9 +469,12 @@ static int pack_panels(struct loader *ld) {
                                       L->ffn_down};
         memcpy(mats + 7 * il, lm, sizeof(lm));
     }
+    // Only rank 0 of a tensor-parallel job runs the classifier (shard.h): the others never
+    // pack it.
+    const int64_t n_packed = m->shard.rank == 0 ? n_mats : n_mats - 1;
     mats[n_mats - 1] = m->output;
     size_t bytes = 0;
-    for (int64_t i = 0; i < n_mats; i++) {
+    for (int64_t i = 0; i < n_packed; i++) {
         if (kern_panel_supports(mats[i]->type)) bytes += kern_panel_bytes(mats[i]);
     }
     if (bytes == 0) {
@@ -451,23 +494,23 @@ static int pack_panels(struct loader *ld) {
     // file_map): that is the load's long part, so its progress is the bytes
     // packed.
     size_t in_bytes = 0;
-    for (int64_t i = 0; i < n_mats; i++) {
+    for (int64_t i = 0; i < n_packed; i++) {
         if (kern_panel_supports(mats[i]->type)) {
-            in_bytes += (size_t)mats[i]->ne[1] * mats[i]->row_bytes;
+            in_bytes += span_bytes(mats[i]);
         }
     }
     struct progress pr;
     if (ld->show_progress) progress_begin(&pr, "load", (int64_t)in_bytes, "MiB", (int64_t)1 << 20);
     size_t in_done = 0;
     uint8_t *cur = p;
-    for (int64_t i = 0; i < n_mats; i++) {
+    for (int64_t i = 0; i < n_packed; i++) {
         if (!kern_panel_supports(mats[i]->type)) continue;
         struct tensor *t = &m->tensors[mats[i] - m->tensors];  // ours: the bound pointers are views
         kern_panel_pack(t, cur);
         t->panels = cur;
         cur += kern_panel_bytes(t);
-        if (t != m->tok_embd) drop_pages(t->data, (size_t)t->ne[1] * t->row_bytes);
-        in_done += (size_t)t->ne[1] * t->row_bytes;
+        if (t != m->tok_embd) drop_pages(t->data, span_bytes(t));
+        in_done += span_bytes(t);
         if (ld->show_progress) progress_update(&pr, (int64_t)in_done);
     }
     if (ld->show_progress) progress_end(&pr);
@@ -508,7 +551,8 @@ static int load_meta(struct loader *ld) {
 }
 
 struct engine_model_params engine_model_default_params(void) {
-    return (struct engine_model_params){.path = NULL, .show_progress = false};
+    return (struct engine_model_params){
+        .path = NULL, .show_progress = false, .tp_rank = 0, .tp_size = 1};
 }
 
 void engine_model_free(struct engine_model *m) {
@@ -552,10 +596,17 @@ int engine_model_load(const struct engine_model_params *p, struct engine_model *
         return ERR_NOMEM;
     }
     atomic_init(m->next_adapter_id, 1);
-    int err = gguf_open(p->path, &m->gguf);
+    int err = ERR_INVAL;
+    if (p->tp_size < 1 || p->tp_rank < 0 || p->tp_rank >= p->tp_size) {
+        LOG_ERROR("%s: tensor-parallel rank %d of %d is not a rank", p->path, p->tp_rank,
+                  p->tp_size);
+        goto fail;
+    }
+    err = gguf_open(p->path, &m->gguf);
     if (err) goto fail;
     if ((err = load_meta(&ld)) || (err = load_hparams(&ld)) || (err = load_tensors(&ld)) ||
-        (err = bind_tensors(&ld)) || (err = pack_panels(&ld))) {
+        (err = bind_tensors(&ld)) || (err = shard_layers(&ld, p->tp_rank, p->tp_size)) ||
+        (err = pack_panels(&ld))) {
         goto fail;
     }
     if (gguf_find(m->gguf, "tokenizer.ggml.model")) {

@@ -20,6 +20,7 @@
 #include "engine/model/arch.h"
 #include "engine/engine.h"
 #include "engine/format/tensor.h"
+#include "engine/model/shard.h"
 
 struct gguf_file;
 struct tokenizer;
@@ -76,6 +77,7 @@ struct engine_model {
     float *small;                  // owned arena of the f32 1-D tensors
     void *panels;                  // owned mapping of every tensor's panels (tensor.h), or NULL
     size_t panels_bytes;
+    struct shard shard;            // this rank's heads and FFN columns (all of them at TP 1)
     struct tokenizer *tok;         // owned; NULL when the file has no tokenizer
     char *chat_template;           // owned copy, or NULL
     char name[128];

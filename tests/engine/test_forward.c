@@ -8,6 +8,13 @@
  * token, (c) all sequences in one batch, interleaved, in chunks, with small
  * blocks at shuffled ids; every output row must match the reference row of
  * the same sequence and position.
+ *
+ * Tensor parallelism: `mpirun -np N test_forward --tp N` runs the same
+ * checks with every model split over N ranks (tests/engine/meson.build runs
+ * N = 2 and 4 when the build has MPI): rank 0 runs the cmocka tests, and
+ * before each model load, ctx creation and model free it tells the other
+ * ranks which to do (a job, broadcast), so they follow it step by step.
+ * Models whose kv heads N does not divide are skipped, saying so.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -26,6 +33,44 @@
 
 #define MAX_SEQS 8
 
+// What rank 0 tells the other ranks to do next (tensor parallelism only).
+enum job_kind { JOB_END, JOB_LOAD, JOB_CTX, JOB_UNLOAD };
+struct job {
+    int32_t kind;
+    char name[60];  // JOB_LOAD: the model
+};
+
+// The job's ranks: NULL at --tp 1 (no MPI at all). Set once in main.
+static struct comm *tp_comm;
+// The ctx a test has open, freed by the teardown when an assertion fails in
+// the middle, so that the other ranks return from engine_follow() and the job
+// fails instead of hanging.
+static struct engine_ctx *open_ctx;
+
+static int teardown_ctx(void **state) {
+    (void)state;
+    engine_ctx_free(open_ctx);
+    open_ctx = NULL;
+    return 0;
+}
+
+static void tp_send(int32_t kind, const char *name) {
+    if (!tp_comm) return;
+    struct job j = {.kind = kind};
+    if (name) snprintf(j.name, sizeof(j.name), "%s", name);
+    comm_bcast(tp_comm, &j, sizeof(j));
+}
+
+static int load_model(const char *name, struct engine_model **out) {
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/tests/models/%s.gguf", testutil_build_dir(), name);
+    struct engine_model_params mp = engine_model_default_params();
+    mp.path = path;
+    mp.tp_rank = comm_rank(tp_comm);
+    mp.tp_size = comm_size(tp_comm);
+    return comm_agree(tp_comm, engine_model_load(&mp, out));
+}
+
 struct fixture {
     struct engine_model *model;
     int32_t n_vocab;
@@ -41,15 +86,20 @@ static void fixture_free(struct fixture *f) {
     for (int i = 0; i < f->n_seqs; i++) free(f->tokens[i]);
     free(f->ref_data);
     engine_model_free(f->model);
+    tp_send(JOB_UNLOAD, NULL);
 }
 
 static void fixture_load(struct fixture *f, const char *name) {
     memset(f, 0, sizeof(*f));
     char path[4096];
-    snprintf(path, sizeof(path), "%s/tests/models/%s.gguf", testutil_build_dir(), name);
-    struct engine_model_params mp = engine_model_default_params();
-    mp.path = path;
-    assert_int_equal(engine_model_load(&mp, &f->model), 0);
+    tp_send(JOB_LOAD, name);
+    const int err = load_model(name, &f->model);
+    if (err == ERR_UNSUPPORTED && tp_comm) {
+        print_message("%s cannot be split over %d ranks (see the log): skipped\n", name,
+                      comm_size(tp_comm));
+        skip();
+    }
+    assert_int_equal(err, 0);
     f->n_vocab = engine_model_get_info(f->model)->n_vocab;
 
     snprintf(path, sizeof(path), "%s/tests/models/%s.tokens", testutil_build_dir(), name);
@@ -115,7 +165,7 @@ static void check_row(const struct fixture *f, int seq, int32_t pos, const float
 static void run_schedule(const struct fixture *f, int32_t block_size, int32_t max_chunk,
                          bool together, bool shuffle_blocks, const char *mode) {
     struct engine_ctx_params cp = engine_ctx_default_params();
-    cp.n_threads = 2;
+    cp.n_threads = tp_comm ? 1 : 2;  // N ranks share the cores
     cp.block_size = block_size;
     int32_t n_blocks_seq[MAX_SEQS];
     int32_t total_blocks = 1;
@@ -127,8 +177,11 @@ static void run_schedule(const struct fixture *f, int32_t block_size, int32_t ma
     cp.max_batch_tokens = 128;
     cp.max_outputs = 128;
     cp.max_seqs = MAX_SEQS;
+    cp.comm = tp_comm;
     struct engine_ctx *ctx = NULL;
+    tp_send(JOB_CTX, NULL);
     assert_int_equal(engine_ctx_create(f->model, &cp, &ctx), 0);
+    open_ctx = ctx;
 
     // Block ids 1..total-1, optionally shuffled with a fixed LCG, dealt to sequences.
     int32_t *ids = malloc((size_t)total_blocks * sizeof(int32_t));
@@ -189,6 +242,7 @@ static void run_schedule(const struct fixture *f, int32_t block_size, int32_t ma
         }
     }
     free(ids);
+    open_ctx = NULL;
     engine_ctx_free(ctx);
 }
 
@@ -196,10 +250,91 @@ static void check_model(const char *name) {
     struct fixture f;
     fixture_load(&f, name);
     run_schedule(&f, 16, 64, false, false, "alone, one prefill");
-    run_schedule(&f, 16, 1, false, false, "alone, token by token");
+    // The longest schedule (a step per token of each sequence in turn) adds nothing
+    // that the batched token-by-token one misses: left out under TP, which is slow
+    // when N ranks share two loaded cores.
+    if (!tp_comm) run_schedule(&f, 16, 1, false, false, "alone, token by token");
     run_schedule(&f, 4, 7, true, true, "together, chunked, shuffled 4-token blocks");
     run_schedule(&f, 5, 1, true, true, "together, token by token, 5-token blocks");
     fixture_free(&f);
+}
+
+/* Quantized models under tensor parallelism. Their numpy reference differs
+ * from the engine by its 8-bit activations (test_quant_model.c bounds that),
+ * so the oracle here is the single-process engine on the same file, whose
+ * code path has no slices and no allreduce: each sequence alone, as one
+ * prefill. Within 1e-4 of the logits' scale, and the same argmax wherever the
+ * top two are further apart than that. */
+static void check_model_sharded_quant(const char *name) {
+    if (!tp_comm) skip();  // test_quant_model.c covers the single process
+    struct fixture f;
+    fixture_load(&f, name);
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/tests/models/%s.gguf", testutil_build_dir(), name);
+    struct engine_model_params mp = engine_model_default_params();
+    mp.path = path;
+    struct engine_model *whole = NULL;
+    assert_int_equal(engine_model_load(&mp, &whole), 0);
+    struct engine_ctx_params cp = engine_ctx_default_params();
+    cp.n_threads = 1;
+    cp.n_blocks = 16;
+    cp.max_batch_tokens = 128;
+    cp.max_outputs = 128;
+    struct engine_ctx *ctx = NULL;
+    assert_int_equal(engine_ctx_create(whole, &cp, &ctx), 0);
+    float max_abs = 0.0f;
+    for (int s = 0; s < f.n_seqs; s++) {
+        int32_t pos[128], sq[128] = {0}, table[8];
+        int8_t out[128];
+        for (int32_t i = 0; i < f.len[s]; i++) {
+            pos[i] = i;
+            out[i] = 1;
+        }
+        for (int32_t i = 0; i < 8; i++) table[i] = i + 1;
+        struct engine_seq seq = {.block_table = table, .n_blocks = 8};
+        struct engine_batch b = {.n_tokens = f.len[s], .token = f.tokens[s], .pos = pos,
+                                 .seq = sq, .output = out, .n_seqs = 1, .seqs = &seq};
+        const float *logits = NULL;
+        assert_int_equal(engine_forward(ctx, &b, &logits), 0);
+        const size_t n = (size_t)f.len[s] * f.n_vocab;
+        memcpy((float *)f.ref[s], logits, n * sizeof(float));  // the oracle, in place
+        for (size_t i = 0; i < n; i++) max_abs = fmaxf(max_abs, fabsf(logits[i]));
+    }
+    engine_ctx_free(ctx);
+    engine_model_free(whole);
+    f.tol = 1e-4f * (max_abs > 1.0f ? max_abs : 1.0f);
+    run_schedule(&f, 16, 64, false, false, "sharded, alone, one prefill");
+    run_schedule(&f, 4, 7, true, true, "sharded, together, chunked, shuffled 4-token blocks");
+    fixture_free(&f);
+}
+
+static void test_forward_tp_q8_0_uneven_ffn_split(void **state) {
+    (void)state;
+    check_model_sharded_quant("llama-q8_0");  // 3 blocks of FFN columns over 2 ranks: 1 + 2
+}
+static void test_forward_tp_q4_0(void **state) {
+    (void)state;
+    check_model_sharded_quant("llama-q4_0");
+}
+static void test_forward_tp_kv4_q8_0(void **state) {
+    (void)state;
+    check_model_sharded_quant("llama-kv4-q8_0");
+}
+static void test_forward_llama_kv4_f32(void **state) {
+    (void)state;
+    check_model("llama-kv4-f32");
+}
+
+/* A K-quant's 256-column blocks cannot be cut at 128 columns: every rank
+ * refuses the split with ERR_UNSUPPORTED (the log names the tensor). */
+static void test_forward_tp_refuses_split_inside_a_block(void **state) {
+    (void)state;
+    if (!tp_comm) skip();
+    tp_send(JOB_LOAD, "llama256-q4_k_m");
+    struct engine_model *m = NULL;
+    assert_int_equal(load_model("llama256-q4_k_m", &m), ERR_UNSUPPORTED);
+    assert_null(m);
+    tp_send(JOB_UNLOAD, NULL);
 }
 
 static void test_forward_llama_f32(void **state) {
@@ -247,8 +382,11 @@ static void test_forward_rejects_oversized_batch(void **state) {
     cp.max_batch_tokens = 4;
     cp.max_seqs = 1;
     cp.n_blocks = 4;
+    cp.comm = tp_comm;
     struct engine_ctx *ctx = NULL;
+    tp_send(JOB_CTX, NULL);
     assert_int_equal(engine_ctx_create(f.model, &cp, &ctx), 0);
+    open_ctx = ctx;
     int32_t tok[5] = {1, 2, 3, 4, 5}, pos[5] = {0, 1, 2, 3, 4}, sq[5] = {0};
     int8_t out[5] = {1, 1, 1, 1, 1};
     int32_t table[1] = {1};
@@ -260,23 +398,85 @@ static void test_forward_rejects_oversized_batch(void **state) {
     assert_null(logits);
     b.n_tokens = 3;  // 3 outputs > max_outputs (= max_seqs = 1)
     assert_int_equal(engine_forward(ctx, &b, &logits), ERR_INVAL);
+    open_ctx = NULL;
     engine_ctx_free(ctx);
     fixture_free(&f);
 }
 
-int main(void) {
+/* Under tensor parallelism adapters are refused on every rank, with one code. */
+static void test_forward_tp_refuses_adapters(void **state) {
+    (void)state;
+    if (!tp_comm) skip();  // a single process takes adapters (test_lora.c)
+    struct fixture f;
+    fixture_load(&f, "llama-f16-tied");
+    struct engine_ctx_params cp = engine_ctx_default_params();
+    cp.n_blocks = 4;
+    cp.max_adapters = 2;
+    cp.comm = tp_comm;
+    struct engine_ctx *ctx = NULL;
+    tp_send(JOB_CTX, NULL);
+    assert_int_equal(engine_ctx_create(f.model, &cp, &ctx), ERR_UNSUPPORTED);
+    assert_null(ctx);
+    fixture_free(&f);
+}
+
+/* Ranks other than 0: do what rank 0's jobs say until JOB_END. */
+static int follow(void) {
+    struct engine_model *model = NULL;
+    for (;;) {
+        struct job j;
+        comm_bcast(tp_comm, &j, sizeof(j));
+        switch ((enum job_kind)j.kind) {
+        case JOB_END: engine_model_free(model); return 0;
+        case JOB_LOAD:
+            if (load_model(j.name, &model) != 0) model = NULL;
+            break;
+        case JOB_CTX: {
+            struct engine_ctx_params cp = engine_ctx_default_params();  // limits: rank 0's
+            cp.n_threads = 1;
+            cp.comm = tp_comm;
+            struct engine_ctx *ctx = NULL;
+            if (engine_ctx_create(model, &cp, &ctx) == 0) engine_follow(ctx);
+            engine_ctx_free(ctx);
+            break;
+        }
+        case JOB_UNLOAD:
+            engine_model_free(model);
+            model = NULL;
+            break;
+        }
+    }
+}
+
+int main(int argc, char **argv) {
     kern_dispatch_init(false);
     kern_blas_init();
+    int32_t n_ranks = argc == 3 && strcmp(argv[1], "--tp") == 0 ? atoi(argv[2]) : 1;
+    if (n_ranks > 1 && comm_open(n_ranks, &tp_comm) != 0) return 1;
+    if (comm_rank(tp_comm) > 0) {
+        const int rc = follow();
+        comm_close(tp_comm);
+        return rc;
+    }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_forward_llama_f32),
-        cmocka_unit_test(test_forward_llama_f16_tied),
-        cmocka_unit_test(test_forward_llama_bf16_gqa_rope_freqs),
-        cmocka_unit_test(test_forward_qwen2_f32_bias_neox),
-        cmocka_unit_test(test_forward_qwen3_f32_qk_norm),
-        cmocka_unit_test(test_forward_llama_sliding_window_linear_rope),
-        cmocka_unit_test(test_forward_qwen2_yarn),
-        cmocka_unit_test(test_forward_portable_kernels_match),
-        cmocka_unit_test(test_forward_rejects_oversized_batch),
+        cmocka_unit_test_teardown(test_forward_llama_f32, teardown_ctx),
+        cmocka_unit_test_teardown(test_forward_llama_f16_tied, teardown_ctx),
+        cmocka_unit_test_teardown(test_forward_llama_bf16_gqa_rope_freqs, teardown_ctx),
+        cmocka_unit_test_teardown(test_forward_qwen2_f32_bias_neox, teardown_ctx),
+        cmocka_unit_test_teardown(test_forward_qwen3_f32_qk_norm, teardown_ctx),
+        cmocka_unit_test_teardown(test_forward_llama_sliding_window_linear_rope, teardown_ctx),
+        cmocka_unit_test_teardown(test_forward_qwen2_yarn, teardown_ctx),
+        cmocka_unit_test_teardown(test_forward_portable_kernels_match, teardown_ctx),
+        cmocka_unit_test_teardown(test_forward_rejects_oversized_batch, teardown_ctx),
+        cmocka_unit_test_teardown(test_forward_llama_kv4_f32, teardown_ctx),
+        cmocka_unit_test_teardown(test_forward_tp_refuses_adapters, teardown_ctx),
+        cmocka_unit_test_teardown(test_forward_tp_q8_0_uneven_ffn_split, teardown_ctx),
+        cmocka_unit_test_teardown(test_forward_tp_q4_0, teardown_ctx),
+        cmocka_unit_test_teardown(test_forward_tp_kv4_q8_0, teardown_ctx),
+        cmocka_unit_test_teardown(test_forward_tp_refuses_split_inside_a_block, teardown_ctx),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    const int n_failed = cmocka_run_group_tests(tests, NULL, NULL);
+    tp_send(JOB_END, NULL);
+    comm_close(tp_comm);
+    return n_failed;
 }

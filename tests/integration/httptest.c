@@ -71,10 +71,19 @@ void httptest_start_port(struct httptest_server *s, const char *model, int port_
         snprintf(args, sizeof(args), "%s", extra_args ? extra_args : "");
         char port[16];
         snprintf(port, sizeof(port), "%d", s->port);
-        char *argv[64] = {(char *)httptest_bin(), "serve", "-m", (char *)model,
-                          "--port", port, "--threads", "1"};
-        int argc = 8;
-        for (char *t = strtok(args, " "); t && argc < 62; t = strtok(NULL, " ")) argv[argc++] = t;
+        // LLMSERVE_LAUNCH (e.g. "mpirun -np 2 ..."), split on spaces, runs before the binary.
+        char launch[1024];
+        snprintf(launch, sizeof(launch), "%s", getenv("LLMSERVE_LAUNCH") ? getenv("LLMSERVE_LAUNCH")
+                                                                        : "");
+        char *argv[96];
+        int argc = 0;
+        for (char *t = strtok(launch, " "); t && argc < 32; t = strtok(NULL, " ")) argv[argc++] = t;
+        const char *fixed[] = {httptest_bin(), "serve", "-m", model, "--port", port, "--threads",
+                               "1"};
+        for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++) {
+            argv[argc++] = (char *)fixed[i];
+        }
+        for (char *t = strtok(args, " "); t && argc < 94; t = strtok(NULL, " ")) argv[argc++] = t;
         argv[argc] = NULL;
         pid_t pid = fork();
         assert_true(pid >= 0);
@@ -85,7 +94,7 @@ void httptest_start_port(struct httptest_server *s, const char *model, int port_
                 dup2(fd, 1);
                 close(fd);
             }
-            execv(argv[0], argv);
+            execvp(argv[0], argv);
             _exit(127);
         }
         s->pid = pid;

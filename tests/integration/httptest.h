@@ -31,7 +31,9 @@ const char *httptest_bin(void);
 const char *httptest_model(const char *name);
 
 /* Starts `llmserve serve -m model --port P` plus extra_args (split on spaces;
- * may be NULL) and waits for /health to answer 200. Asserts on failure. */
+ * may be NULL) and waits for /health to answer 200. Asserts on failure.
+ * With LLMSERVE_LAUNCH set (a command and its arguments, split on spaces,
+ * e.g. "mpirun -np 2"), that command runs the binary. */
 void httptest_start(struct httptest_server *s, const char *model, const char *extra_args);
 /* httptest_start on a given port (0: a free one, as httptest_start). */
 void httptest_start_port(struct httptest_server *s, const char *model, int port_wanted,

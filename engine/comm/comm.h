@@ -1,0 +1,72 @@
+/*
+ * comm.h - the one communication seam of the engine: the ranks of a tensor
+ * parallel job and the few collectives the forward pass and the step
+ * descriptor need (broadcast from rank 0, sum-allreduce of floats, agreeing
+ * on an error, ending the job).
+ *
+ * Two backends implement this header, chosen at build time (-Dmpi=...):
+ * comm.c, a single process (size 1: every collective is a no-op), and
+ * comm_mpi.c, MPI over MPI_COMM_WORLD. Nothing else in the tree names MPI.
+ * A NULL comm is the single process in both: every function below accepts
+ * it (rank 0 of 1), so a one-process run never initialises MPI at all.
+ *
+ * Threads: MPI is initialised with MPI_THREAD_SERIALIZED (comm_mpi.c says
+ * why not FUNNELED). A comm is used by one thread at a time: the thread that
+ * opens it loads the model and creates the ctx, then the step thread alone
+ * runs collectives until the ctx is freed; the opener frees the ctx and
+ * closes the comm after that thread has been joined. Every collective is
+ * called in the same order on every rank.
+ */
+#ifndef LLMSERVE_COMM_H
+#define LLMSERVE_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdnoreturn.h>
+
+struct comm;
+
+/* Opens the job's communicator (MPI_Init_thread under the MPI backend) and
+ * checks that it has exactly n_ranks ranks. Returns 0, ERR_UNSUPPORTED
+ * (n_ranks > 1 in a build without MPI, or MPI without thread support;
+ * logged), ERR_INVAL (the job has another size than n_ranks; logged, naming
+ * both) or ERR_NOMEM. *out is owned by the caller: comm_close(). Call once
+ * per process, on its main thread, before any other thread is started;
+ * with n_ranks 1 there is no reason to call it (use NULL). */
+int comm_open(int32_t n_ranks, struct comm **out);
+
+/* Finalizes MPI; NULL-safe. Every rank must reach it (after the last
+ * collective), or the others wait in theirs: on a failure call comm_abort. */
+void comm_close(struct comm *c);
+
+/* Ends the whole job (every rank) with exit code `code`, after logging
+ * `reason` on this rank. Never returns. The way out of any error a rank
+ * cannot share with the others through the collectives. */
+noreturn void comm_abort(struct comm *c, int code, const char *reason);
+
+int32_t comm_rank(const struct comm *c);  // 0 for NULL
+int32_t comm_size(const struct comm *c);  // 1 for NULL
+
+/* Rank 0's `bytes` bytes at p are copied into p on every other rank. */
+void comm_bcast(struct comm *c, void *p, size_t bytes);
+
+/* comm_bcast for a message the receivers may wait long for (the next step of
+ * an idle server): they poll with growing sleeps (up to 1 ms) instead of
+ * spinning in the MPI library, so an idle follower rank costs no CPU. */
+void comm_bcast_idle(struct comm *c, void *p, size_t bytes);
+
+/* x[i] = sum over ranks of x[i], the same result on every rank. */
+void comm_allreduce_sum(struct comm *c, float *x, int64_t n);
+
+/* Every rank passes its own result (0 or a negative ERR_*); every rank gets
+ * back 0 when all passed 0, else the lowest code any rank passed. The way
+ * ranks agree that a step that can fail on one of them (a load, an
+ * allocation) failed on all, so none is left waiting in a collective. */
+int comm_agree(struct comm *c, int err);
+
+/* Payload bytes this rank has handed to collectives since comm_open (the
+ * transport's own framing and tree forwarding not counted; a broadcast counts
+ * size - 1 copies on rank 0). For benchmarks and /metrics. */
+uint64_t comm_bytes_sent(const struct comm *c);
+
+#endif

@@ -1,0 +1,159 @@
+/*
+ * comm_mpi.c - the MPI backend of comm.h, over MPI_COMM_WORLD, written
+ * against the standard API only (Open MPI and MPICH both build it). The only
+ * file of the tree that includes mpi.h.
+ *
+ * NOTE: MPI_THREAD_SERIALIZED, not FUNNELED: the process's main thread opens
+ * the comm, loads the model and creates the ctx (which broadcasts the ctx's
+ * limits), but rank 0's steps run on the scheduler's step thread. FUNNELED
+ * would tie every call to the main thread; SERIALIZED allows any thread as
+ * long as one at a time, which is the rule comm.h states. Open MPI and MPICH
+ * give both.
+ */
+#define LOG_TAG "comm"
+#include "engine/comm/comm.h"
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <mpi.h>
+
+#include "engine/base/alloc.h"
+#include "engine/base/err.h"
+#include "engine/base/log.h"
+
+struct comm {
+    int32_t rank;
+    int32_t size;
+    uint64_t bytes_sent;     // payload bytes handed to collectives
+    bool is_finalize_owned;  // we called MPI_Init_thread, so we call MPI_Finalize
+};
+
+int comm_open(int32_t n_ranks, struct comm **out) {
+    *out = NULL;
+    struct comm *c = calloc(1, sizeof(*c));
+    if (!c) return ERR_NOMEM;
+    int is_init = 0;
+    MPI_Initialized(&is_init);
+    if (!is_init) {
+        int provided = MPI_THREAD_SINGLE;
+        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
+            LOG_ERROR("MPI_Init_thread failed");
+            free(c);
+            return ERR_UNSUPPORTED;
+        }
+        c->is_finalize_owned = true;
+        if (provided < MPI_THREAD_SERIALIZED) {
+            LOG_ERROR("this MPI gives thread level %d, below MPI_THREAD_SERIALIZED (%d)", provided,
+                      MPI_THREAD_SERIALIZED);
+            comm_close(c);
+            return ERR_UNSUPPORTED;
+        }
+    }
+    // A failing collective ends the job: a rank that died makes the others' calls fail,
+    // and the default handler then aborts them, so mpirun tears the whole job down.
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
+    int rank = 0;
+    int size = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    c->rank = rank;
+    c->size = size;
+    if (size != n_ranks) {
+        LOG_ERROR(
+            "rank %d: the job has %d ranks but %d were asked for (--tp %d runs under "
+            "mpirun -np %d)",
+            rank, size, n_ranks, n_ranks, n_ranks);
+        comm_close(c);
+        return ERR_INVAL;
+    }
+    LOG_INFO("rank %d/%d: pid %d", rank, size, (int)getpid());
+    *out = c;
+    return 0;
+}
+
+void comm_close(struct comm *c) {
+    if (!c) return;
+    if (c->is_finalize_owned) MPI_Finalize();
+    free(c);
+}
+
+noreturn void comm_abort(struct comm *c, int code, const char *reason) {
+    LOG_ERROR("rank %d/%d: %s; aborting the job", comm_rank(c), comm_size(c), reason);
+    int is_init = 0;
+    MPI_Initialized(&is_init);
+    if (c && is_init) MPI_Abort(MPI_COMM_WORLD, code);
+    exit(code);  // MPI_Abort does not return; this keeps the noreturn promise
+}
+
+int32_t comm_rank(const struct comm *c) {
+    return c ? c->rank : 0;
+}
+int32_t comm_size(const struct comm *c) {
+    return c ? c->size : 1;
+}
+
+/* Broadcasts p in slices of at most INT_MAX bytes (MPI counts are int); is_idle:
+ * the receivers poll (comm_bcast_idle). */
+static void bcast_slices(struct comm *c, void *p, size_t bytes, bool is_idle) {
+    uint8_t *cur = p;
+    while (bytes > 0) {
+        const int n = bytes > (size_t)INT_MAX ? INT_MAX : (int)bytes;
+        if (!is_idle) {
+            MPI_Bcast(cur, n, MPI_BYTE, 0, MPI_COMM_WORLD);
+        } else {
+            // Non-blocking broadcast, tested with sleeps from 10 us up to 1 ms between tests.
+            MPI_Request req;
+            MPI_Ibcast(cur, n, MPI_BYTE, 0, MPI_COMM_WORLD, &req);
+            int is_done = 0;
+            long sleep_ns = 10000;
+            for (;;) {
+                MPI_Test(&req, &is_done, MPI_STATUS_IGNORE);
+                if (is_done) break;
+                struct timespec ts = {.tv_sec = 0, .tv_nsec = sleep_ns};
+                nanosleep(&ts, NULL);
+                if (sleep_ns < 1000000) sleep_ns *= 2;
+            }
+        }
+        if (c->rank == 0) c->bytes_sent += (uint64_t)n * (uint64_t)(c->size - 1);
+        cur += n;
+        bytes -= (size_t)n;
+    }
+}
+
+void comm_bcast(struct comm *c, void *p, size_t bytes) {
+    if (!c || c->size == 1) return;
+    bcast_slices(c, p, bytes, false);
+}
+
+void comm_bcast_idle(struct comm *c, void *p, size_t bytes) {
+    if (!c || c->size == 1) return;
+    bcast_slices(c, p, bytes, true);
+}
+
+void comm_allreduce_sum(struct comm *c, float *x, int64_t n) {
+    if (!c || c->size == 1) return;
+    DASSERT(n >= 0);
+    while (n > 0) {
+        const int k = n > INT_MAX ? INT_MAX : (int)n;
+        MPI_Allreduce(MPI_IN_PLACE, x, k, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        c->bytes_sent += (uint64_t)k * sizeof(float);
+        x += k;
+        n -= k;
+    }
+}
+
+int comm_agree(struct comm *c, int err) {
+    if (!c || c->size == 1) return err;
+    int all = err;
+    MPI_Allreduce(&err, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    c->bytes_sent += sizeof(int);
+    return all < 0 ? all : 0;
+}
+
+uint64_t comm_bytes_sent(const struct comm *c) {
+    return c ? c->bytes_sent : 0;
+}

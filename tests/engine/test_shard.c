@@ -1,0 +1,132 @@
+/*
+ * test_shard.c - the slices of engine/model/shard.c, in one process (no MPI:
+ * engine_model_load() takes any tp_rank of tp_size). Oracle: the geometry
+ * derived by hand from the synthetic llama-q8_0 model (tests/models: n_embd
+ * 64, 4 heads and 2 kv heads of 16, n_ff 96, Q8_0 blocks of 32 values in 34
+ * bytes) and the file's own tensors, which the slices must view.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "engine/base/err.h"
+#include "engine/engine.h"
+#include "engine/format/gguf.h"
+#include "engine/model/model.h"
+#include "tests/helpers/testutil.h"
+
+static struct engine_model *load(const char *name, int32_t rank, int32_t size, int *err) {
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/tests/models/%s.gguf", testutil_build_dir(), name);
+    struct engine_model_params mp = engine_model_default_params();
+    mp.path = path;
+    mp.tp_rank = rank;
+    mp.tp_size = size;
+    struct engine_model *m = NULL;
+    *err = engine_model_load(&mp, &m);
+    return m;
+}
+
+/* Bytes from the file's tensor (in m's own mapping) to the slice's first byte. */
+static ptrdiff_t offset(const struct engine_model *m, const struct tensor *part) {
+    const struct gguf_tensor_info *ti = gguf_tensor_at(m->gguf, part - m->tensors);
+    return (const uint8_t *)part->data - (const uint8_t *)ti->data;
+}
+
+/* Rank 1 of 2: query heads 2..3 (rows 32..63 of attn_q), kv head 1 (rows
+ * 16..31 of attn_k/v), FFN blocks 1..2 of 3 (columns 32..95: 1 + 2 blocks
+ * for ranks 0 and 1), attn_output and ffn_down cut to the same columns as
+ * strided views with the file's row stride. */
+static void test_shard_rank1_of_2_views_its_rows_and_columns(void **state) {
+    (void)state;
+    int err;
+    struct engine_model *whole = load("llama-q8_0", 0, 1, &err);
+    assert_int_equal(err, 0);
+    struct engine_model *m = load("llama-q8_0", 1, 2, &err);
+    assert_int_equal(err, 0);
+    const struct shard *sh = &m->shard;
+    assert_int_equal(sh->n_head, 2);
+    assert_int_equal(sh->head0, 2);
+    assert_int_equal(sh->n_head_kv, 1);
+    assert_int_equal(sh->head_kv0, 1);
+    assert_int_equal(sh->ff0, 32);
+    assert_int_equal(sh->n_ff, 64);
+    const size_t row64 = 2 * 34;  // a Q8_0 row of 64 values
+    const size_t row96 = 3 * 34;
+    for (int32_t il = 0; il < m->hp.n_layer; il++) {
+        const struct layer *L = &m->layers[il];
+        assert_int_equal(L->wq->ne[1], 32);
+        assert_int_equal(offset(m, L->wq), 32 * row64);
+        assert_int_equal(L->wk->ne[1], 16);
+        assert_int_equal(offset(m, L->wk), 16 * row64);
+        assert_int_equal(offset(m, L->wv), 16 * row64);
+        assert_int_equal(L->ffn_gate->ne[1], 64);
+        assert_int_equal(offset(m, L->ffn_gate), 32 * row64);
+        assert_int_equal(offset(m, L->ffn_up), 32 * row64);
+        assert_int_equal(L->wo->ne[0], 32);  // columns 32..63
+        assert_int_equal(L->wo->ne[1], 64);
+        assert_int_equal(L->wo->row_bytes, row64);
+        assert_int_equal(offset(m, L->wo), 34);
+        assert_int_equal(L->ffn_down->ne[0], 64);  // columns 32..95
+        assert_int_equal(L->ffn_down->row_bytes, row96);
+        assert_int_equal(offset(m, L->ffn_down), 34);
+    }
+    // The KV block holds this rank's one kv head of the two.
+    assert_int_equal(engine_kv_block_bytes(m, 16, ENGINE_KV_TYPE_F32) * 2,
+                     engine_kv_block_bytes(whole, 16, ENGINE_KV_TYPE_F32));
+    engine_model_free(m);
+    engine_model_free(whole);
+}
+
+/* Rank 0 of 2 gets the other block of FFN columns, and the qwen2 biases
+ * of its heads. */
+static void test_shard_rank0_of_2_and_biases(void **state) {
+    (void)state;
+    int err;
+    struct engine_model *m = load("llama-q8_0", 0, 2, &err);
+    assert_int_equal(err, 0);
+    assert_int_equal(m->shard.ff0, 0);
+    assert_int_equal(m->shard.n_ff, 32);
+    engine_model_free(m);
+    struct engine_model *whole = load("qwen2-f32", 0, 1, &err);
+    assert_int_equal(err, 0);
+    struct engine_model *q = load("qwen2-f32", 1, 2, &err);
+    assert_int_equal(err, 0);
+    // head_dim 16: rank 1 has q rows 32..63 and kv rows 16..31
+    for (int32_t il = 0; il < q->hp.n_layer; il++) {
+        const struct layer *L = &q->layers[il];
+        const struct layer *W = &whole->layers[il];
+        for (int i = 0; i < 32; i++) assert_true(L->bq[i] == W->bq[32 + i]);
+        for (int i = 0; i < 16; i++) assert_true(L->bk[i] == W->bk[16 + i]);
+        for (int i = 0; i < 16; i++) assert_true(L->bv[i] == W->bv[16 + i]);
+    }
+    engine_model_free(q);
+    engine_model_free(whole);
+}
+
+/* What cannot be split is refused with ERR_UNSUPPORTED: more ranks than kv
+ * heads, and a K-quant's 256-wide blocks cut at 128 columns. A rank out of
+ * range is ERR_INVAL. */
+static void test_shard_refuses_impossible_splits(void **state) {
+    (void)state;
+    int err;
+    assert_null(load("llama-q8_0", 0, 4, &err));
+    assert_int_equal(err, ERR_UNSUPPORTED);
+    assert_null(load("llama-q8_0", 3, 3, &err));
+    assert_int_equal(err, ERR_INVAL);
+    assert_null(load("llama256-q4_k_m", 0, 2, &err));
+    assert_int_equal(err, ERR_UNSUPPORTED);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_shard_rank1_of_2_views_its_rows_and_columns),
+        cmocka_unit_test(test_shard_rank0_of_2_and_biases),
+        cmocka_unit_test(test_shard_refuses_impossible_splits),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
