@@ -8,9 +8,11 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "engine/base/alloc.h"
+#include "engine/base/clock.h"
 #include "engine/base/err.h"
 #include "engine/base/log.h"
 #include "engine/compute/ctx.h"
@@ -42,6 +44,7 @@ void engine_ctx_free(struct engine_ctx *ctx) {
     if (!ctx) return;
     if (ctx->is_tp_ready && comm_rank(ctx->comm) == 0) step_desc_send_stop(ctx->comm);
     step_desc_deinit(&ctx->desc);
+    free(ctx->ranks);
     threadpool_free(ctx->pool);
     kern_scratch_free(&ctx->kscratch);
     kv_free(&ctx->kv);
@@ -156,6 +159,8 @@ static int ctx_alloc(const struct engine_model *m, const struct engine_ctx_param
     if (sh->size > 1) {
         err = step_desc_init(&ctx->desc, prm->max_batch_tokens, prm->max_seqs);
         if (err) return err;
+        ctx->ranks = calloc((size_t)sh->size, sizeof(*ctx->ranks));
+        if (!ctx->ranks) return ERR_NOMEM;
     }
 
     ctx->x = alloc_floats(T, (size_t)hp->n_embd, &err);
@@ -258,6 +263,33 @@ static int check_batch(const struct engine_ctx *ctx, const struct engine_batch *
     return 0;
 }
 
+int64_t engine_peak_rss_bytes(void) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+    return (int64_t)ru.ru_maxrss * 1024;  // kilobytes on Linux
+}
+
+static struct engine_rank_stats own_stats(const struct engine_ctx *ctx) {
+    return (struct engine_rank_stats){.peak_rss_bytes = engine_peak_rss_bytes(),
+                                      .forward_ns = ctx->forward_ns,
+                                      .n_steps = ctx->n_steps,
+                                      .comm_bytes = (int64_t)comm_bytes_sent(ctx->comm)};
+}
+
+/* forward_run, timed; then, when rank 0 asked for it, every rank's figures
+ * gathered on rank 0. */
+static void run_step(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n_outputs,
+                     bool want_stats) {
+    const int64_t t0 = clock_mono_ns();
+    forward_run(ctx, b, n_outputs);
+    ctx->forward_ns += clock_mono_ns() - t0;
+    ctx->n_steps++;
+    if (want_stats) {
+        const struct engine_rank_stats mine = own_stats(ctx);
+        comm_gather(ctx->comm, &mine, sizeof(mine), ctx->ranks);
+    }
+}
+
 int engine_forward(struct engine_ctx *ctx, const struct engine_batch *b,
                    const float **out_logits) {
     *out_logits = NULL;
@@ -265,21 +297,38 @@ int engine_forward(struct engine_ctx *ctx, const struct engine_batch *b,
     int32_t n_outputs = 0;
     int err = check_batch(ctx, b, &n_outputs);
     if (err) return err;
-    if (ctx->is_tp_ready) step_desc_send(&ctx->desc, ctx->comm, b);
-    forward_run(ctx, b, n_outputs);
+    bool want_stats = false;
+    if (ctx->is_tp_ready) {
+        const int64_t now = clock_mono_ns();
+        want_stats = now - ctx->t_report_ns >= (int64_t)ENGINE_RANK_REPORT_MS * 1000000;
+        if (want_stats) ctx->t_report_ns = now;
+        step_desc_send(&ctx->desc, ctx->comm, b, want_stats);
+    }
+    run_step(ctx, b, n_outputs, want_stats);
     *out_logits = ctx->logits;
     return 0;
+}
+
+int32_t engine_ctx_rank_stats(const struct engine_ctx *ctx, struct engine_rank_stats *out,
+                              int32_t max) {
+    ASSERT(comm_rank(ctx->comm) == 0);
+    const int32_t n = comm_size(ctx->comm);
+    for (int32_t r = 0; r < n && r < max; r++) {
+        out[r] = r == 0 ? own_stats(ctx) : ctx->ranks[r];
+    }
+    return n;
 }
 
 int engine_follow(struct engine_ctx *ctx) {
     ASSERT(ctx->is_tp_ready && comm_rank(ctx->comm) > 0);
     struct engine_batch b;
-    while (step_desc_recv(&ctx->desc, ctx->comm, &b) == STEP_DESC_KIND_FORWARD) {
+    bool want_stats = false;
+    while (step_desc_recv(&ctx->desc, ctx->comm, &b, &want_stats) == STEP_DESC_KIND_FORWARD) {
         // Rank 0 checked the batch against the same limits before sending it.
         int32_t n_outputs = 0;
         const int err = check_batch(ctx, &b, &n_outputs);
         ASSERT(err == 0);
-        forward_run(ctx, &b, n_outputs);
+        run_step(ctx, &b, n_outputs, want_stats);
     }
     return 0;
 }

@@ -201,6 +201,27 @@ int engine_forward(struct engine_ctx *ctx, const struct engine_batch *batch,
  * ctx] */
 int engine_follow(struct engine_ctx *ctx);
 
+/* One rank's figures (tensor parallelism; at TP 1 this process's). */
+struct engine_rank_stats {
+    int64_t peak_rss_bytes;  // peak resident memory of the process (getrusage)
+    int64_t forward_ns;      // time spent in forward passes since the ctx was created
+    int64_t n_steps;         // forward passes (steps) since then: forward_ns / n_steps is
+                             //   the mean step time of this rank
+    int64_t comm_bytes;      // bytes handed to collectives (comm_bytes_sent)
+};
+
+/* Peak resident memory of this process in bytes (getrusage). [any thread] */
+int64_t engine_peak_rss_bytes(void);
+
+/* Every rank's figures, rank 0 first, into out[0 .. min(n, max)); returns n,
+ * the number of ranks. The other ranks' figures are those of their last
+ * report: rank 0 asks for one with a step at most once a second
+ * (ENGINE_RANK_REPORT_MS), so they are up to a second and a step old; rank
+ * 0's own are fresh. Rank 0 only. [step thread] */
+#define ENGINE_RANK_REPORT_MS 1000
+int32_t engine_ctx_rank_stats(const struct engine_ctx *ctx, struct engine_rank_stats *out,
+                              int32_t max);
+
 /* The model a ctx was created with. */
 const struct engine_model *engine_ctx_model(const struct engine_ctx *ctx);
 

@@ -251,6 +251,7 @@ static void publish_stats(struct scheduler *s) {
     s->cur.n_lora_resident = lora_slots_n_resident(&s->loras);
     s->cur.n_lora_loads = s->loras.n_loads;
     s->cur.n_lora_evictions = s->loras.n_evictions;
+    s->cur.n_ranks = engine_ctx_rank_stats(s->ctx, s->cur.ranks, STATS_MAX_RANKS);
     atomic_store(&s->n_waiting, s->waiting.n);
     uv_mutex_lock(&s->stats_lock);
     s->published = s->cur;

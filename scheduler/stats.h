@@ -13,7 +13,10 @@
 
 #include <stdint.h>
 
+#include "engine/engine.h"
+
 #define STATS_N_BUCKETS 14
+#define STATS_MAX_RANKS 16  // tensor-parallel ranks reported one by one
 
 /* Upper bounds (ms) of the buckets; the last bucket is +Inf. */
 extern const double stats_bucket_ms[STATS_N_BUCKETS - 1];
@@ -49,6 +52,9 @@ struct scheduler_stats {
     struct stats_histogram ttft;          // submit -> first token
     struct stats_histogram inter_token;   // between tokens of a sequence
     struct stats_histogram latency;       // submit -> finish
+    int32_t n_ranks;                      // tensor-parallel ranks (1: this process alone)
+    struct engine_rank_stats ranks[STATS_MAX_RANKS];  // the first min(n_ranks, 16), rank 0
+                                                      //   first (engine_ctx_rank_stats)
 };
 
 void stats_observe(struct stats_histogram *h, double ms);

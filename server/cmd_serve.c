@@ -306,6 +306,15 @@ int cmd_serve(int argc, char **argv) {
 
     int sig = 0;
     sigwait(&stop_set, &sig);
+    if (comm) {
+        // mpirun sends SIGTERM to every rank when one of them has died, and when it is
+        // stopped itself; either way it kills what is left a moment later (Open MPI:
+        // odls_base_sigkill_timeout, 1 s), so say so now: /health is 503 from here on.
+        LOG_WARN(
+            "%s under mpirun (rank 0 of %d): ending the job; a rank may have died "
+            "(mpirun's own message names it)",
+            sig == SIGINT ? "SIGINT" : "SIGTERM", (int)comm_size(comm));
+    }
     LOG_INFO("%s: shutting down, grace=%ds, requests in progress=%d",
              sig == SIGINT ? "SIGINT" : "SIGTERM", (int)cfg.shutdown_grace_s,
              (int)http_n_active(http));

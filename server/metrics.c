@@ -24,6 +24,53 @@ static void histogram(struct buf *out, const char *name, const char *help,
                (long long)h->n);
 }
 
+/* One value of every rank's figures (engine_rank_stats), by field. */
+enum rank_field { RANK_RSS, RANK_FORWARD_S, RANK_STEPS, RANK_COMM_BYTES };
+
+static double rank_value(const struct engine_rank_stats *r, enum rank_field f) {
+    switch (f) {
+        case RANK_RSS:
+            return (double)r->peak_rss_bytes;
+        case RANK_FORWARD_S:
+            return (double)r->forward_ns / 1e9;
+        case RANK_STEPS:
+            return (double)r->n_steps;
+        case RANK_COMM_BYTES:
+            return (double)r->comm_bytes;
+    }
+    return 0.0;
+}
+
+/* Tensor parallelism: the job's ranks, and per rank (as of its last report,
+ * engine_ctx_rank_stats: at most a second old) its figures. */
+static void rank_metrics(struct buf *out, const struct scheduler_stats *st) {
+    static const struct {
+        const char *name, *type, *help;
+        enum rank_field field;
+    } fams[] = {
+        {"llmserve_rank_peak_rss_bytes", "gauge", "Peak resident memory of each rank.", RANK_RSS},
+        {"llmserve_rank_forward_seconds_total", "counter",
+         "Time each rank spent in forward passes.", RANK_FORWARD_S},
+        {"llmserve_rank_steps_total", "counter", "Forward passes (steps) each rank ran.",
+         RANK_STEPS},
+        {"llmserve_rank_comm_bytes_total", "counter",
+         "Payload bytes each rank handed to MPI collectives.", RANK_COMM_BYTES},
+    };
+    metric(out, "llmserve_ranks", "gauge", "Tensor-parallel ranks of the job.", st->n_ranks);
+    const int32_t n_ranks = st->n_ranks < STATS_MAX_RANKS ? st->n_ranks : STATS_MAX_RANKS;
+    for (size_t f = 0; f < sizeof(fams) / sizeof(fams[0]); f++) {
+        buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n", fams[f].name, fams[f].help, fams[f].name,
+                   fams[f].type);
+        for (int32_t r = 0; r < n_ranks; r++) {
+            // seconds with microseconds; the others are whole numbers (exact below 2^53)
+            buf_printf(out,
+                       fams[f].field == RANK_FORWARD_S ? "%s{rank=\"%d\"} %.6f\n"
+                                                       : "%s{rank=\"%d\"} %.0f\n",
+                       fams[f].name, (int)r, rank_value(&st->ranks[r], fams[f].field));
+        }
+    }
+}
+
 void metrics_format(struct buf *out, const struct scheduler_stats *st, const double *bucket_ms,
                     const struct metrics_server *sv) {
     metric(out, "llmserve_requests_running", "gauge", "Sequences in the running batch.",
@@ -88,6 +135,7 @@ void metrics_format(struct buf *out, const struct scheduler_stats *st, const dou
     metric(out, "llmserve_http_read_timeouts_total", "counter",
            "Connections closed because a request was not received in full within "
            "--read-timeout.", sv->n_read_timeouts);
+    if (st->n_ranks > 1) rank_metrics(out, st);  // one process: as before TP existed
     histogram(out, "llmserve_time_to_first_token_seconds", "Submit to first token.", &st->ttft,
               bucket_ms);
     histogram(out, "llmserve_inter_token_latency_seconds", "Time between tokens of a sequence.",

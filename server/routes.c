@@ -54,6 +54,29 @@ static enum route_result handle_health(const struct routes_ctx *ctx, struct req 
               !(ctx->live && atomic_load(&ctx->live->draining));
     json_t *o = json_object();
     json_object_set_new(o, "status", json_string(ok ? "ok" : "unavailable"));
+    if (ctx->sched) {
+        // Under tensor parallelism: every rank, with its last report (at most a second old;
+        // a rank that died ends the whole job, so a listed rank is a live one).
+        struct scheduler_stats st;
+        scheduler_get_stats(ctx->sched, &st);
+        if (st.n_ranks > 1) {
+            json_t *ranks = json_array();
+            const int32_t n = st.n_ranks < STATS_MAX_RANKS ? st.n_ranks : STATS_MAX_RANKS;
+            for (int32_t i = 0; i < n; i++) {
+                json_t *rk = json_object();
+                json_object_set_new(rk, "rank", json_integer(i));
+                json_object_set_new(rk, "peak_rss_bytes",
+                                    json_integer(st.ranks[i].peak_rss_bytes));
+                json_object_set_new(rk, "forward_seconds",
+                                    json_real((double)st.ranks[i].forward_ns / 1e9));
+                json_object_set_new(rk, "steps", json_integer(st.ranks[i].n_steps));
+                json_object_set_new(rk, "comm_bytes", json_integer(st.ranks[i].comm_bytes));
+                json_array_append_new(ranks, rk);
+            }
+            json_object_set_new(o, "n_ranks", json_integer(st.n_ranks));
+            json_object_set_new(o, "ranks", ranks);
+        }
+    }
     reply_json(out, ok ? 200 : 503, o);
     return ROUTE_RESULT_REPLY;
 }

@@ -5,16 +5,10 @@
 #define LOG_TAG "tp"
 #include "server/tp.h"
 
-#include <sys/resource.h>
-
 #include "engine/base/err.h"
 #include "engine/base/log.h"
 
-double tp_peak_rss_mib(void) {
-    struct rusage ru;
-    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0.0;
-    return (double)ru.ru_maxrss / 1024.0;  // kilobytes on Linux
-}
+double tp_peak_rss_mib(void) { return (double)engine_peak_rss_bytes() / (1024.0 * 1024.0); }
 
 int tp_open(int32_t n_ranks, struct comm **out) {
     *out = NULL;

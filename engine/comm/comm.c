@@ -7,6 +7,7 @@
 #include "engine/comm/comm.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "engine/base/err.h"
 #include "engine/base/log.h"
@@ -67,6 +68,11 @@ void comm_allreduce_sum(struct comm *c, float *x, int64_t n) {
     (void)c;
     (void)x;
     (void)n;
+}
+
+void comm_gather(struct comm *c, const void *mine, size_t bytes, void *all) {
+    (void)c;
+    memcpy(all, mine, bytes);
 }
 
 int comm_agree(struct comm *c, int err) {

@@ -58,6 +58,11 @@ void comm_bcast_idle(struct comm *c, void *p, size_t bytes);
 /* x[i] = sum over ranks of x[i], the same result on every rank. */
 void comm_allreduce_sum(struct comm *c, float *x, int64_t n);
 
+/* Every rank's `bytes` bytes at mine, in rank order, into all on rank 0
+ * ([size][bytes]; all is not touched on the other ranks, and may be NULL
+ * there). */
+void comm_gather(struct comm *c, const void *mine, size_t bytes, void *all);
+
 /* Every rank passes its own result (0 or a negative ERR_*); every rank gets
  * back 0 when all passed 0, else the lowest code any rank passed. The way
  * ranks agree that a step that can fail on one of them (a load, an

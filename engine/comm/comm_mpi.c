@@ -16,6 +16,7 @@
 #include <limits.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -144,6 +145,16 @@ void comm_allreduce_sum(struct comm *c, float *x, int64_t n) {
         x += k;
         n -= k;
     }
+}
+
+void comm_gather(struct comm *c, const void *mine, size_t bytes, void *all) {
+    if (!c || c->size == 1) {
+        memcpy(all, mine, bytes);
+        return;
+    }
+    ASSERT(bytes <= (size_t)INT_MAX);
+    MPI_Gather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD);
+    if (c->rank != 0) c->bytes_sent += bytes;
 }
 
 int comm_agree(struct comm *c, int err) {

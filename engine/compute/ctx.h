@@ -28,6 +28,10 @@ struct engine_ctx {
     struct comm *comm;                 // borrowed (params.comm): NULL or the TP job's ranks
     struct step_desc desc;             // owned: the step descriptor's buffers (TP only)
     bool is_tp_ready;                  // created on every rank: rank 0 sends STOP when freed
+    int64_t forward_ns;                // time in forward_run() so far
+    int64_t n_steps;                   // forward_run() calls so far
+    int64_t t_report_ns;               // rank 0: when it last asked the ranks for figures
+    struct engine_rank_stats *ranks;   // [comm size] rank 0: the last reports (owned)
 
     // Activations for up to T = params.max_batch_tokens tokens (all owned); the widths
     // are this rank's (Q, KV, F of the shard, model/shard.h), the same as the model's at TP 1.

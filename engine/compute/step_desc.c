@@ -13,7 +13,15 @@
 #include "engine/base/log.h"
 #include "engine/comm/comm.h"
 
-enum { HDR_KIND, HDR_N_TOKENS, HDR_N_SEQS, HDR_HAS_ADAPTER, HDR_N_TABLE, HDR_COUNT };
+enum {
+    HDR_KIND,
+    HDR_N_TOKENS,
+    HDR_N_SEQS,
+    HDR_HAS_ADAPTER,
+    HDR_N_TABLE,
+    HDR_WANT_STATS,
+    HDR_COUNT
+};
 
 int step_desc_init(struct step_desc *d, int32_t max_tokens, int32_t max_seqs) {
     memset(d, 0, sizeof(*d));
@@ -49,13 +57,14 @@ static int64_t body_len(const int32_t *hdr) {
            (int64_t)hdr[HDR_N_TABLE];
 }
 
-void step_desc_send(struct step_desc *d, struct comm *c, const struct engine_batch *b) {
+void step_desc_send(struct step_desc *d, struct comm *c, const struct engine_batch *b,
+                    bool want_stats) {
     const int32_t T = b->n_tokens;
     int64_t n_table = 0;
     for (int32_t s = 0; s < b->n_seqs; s++) n_table += b->seqs[s].n_blocks;
     ASSERT(n_table <= INT32_MAX);
     int32_t hdr[HDR_COUNT] = {STEP_DESC_KIND_FORWARD, T, b->n_seqs, b->adapter != NULL,
-                              (int32_t)n_table};
+                              (int32_t)n_table, want_stats};
     const int64_t n = body_len(hdr);
     reserve(d, n);
     int32_t *p = d->body;
@@ -81,11 +90,12 @@ void step_desc_send(struct step_desc *d, struct comm *c, const struct engine_bat
 }
 
 void step_desc_send_stop(struct comm *c) {
-    int32_t hdr[HDR_COUNT] = {STEP_DESC_KIND_STOP, 0, 0, 0, 0};
+    int32_t hdr[HDR_COUNT] = {STEP_DESC_KIND_STOP, 0, 0, 0, 0, 0};
     comm_bcast_idle(c, hdr, sizeof(hdr));
 }
 
-enum step_desc_kind step_desc_recv(struct step_desc *d, struct comm *c, struct engine_batch *b) {
+enum step_desc_kind step_desc_recv(struct step_desc *d, struct comm *c, struct engine_batch *b,
+                                   bool *out_want_stats) {
     int32_t hdr[HDR_COUNT] = {0};
     comm_bcast_idle(c, hdr, sizeof(hdr));  // the followers wait here while rank 0 is idle
     if (hdr[HDR_KIND] == STEP_DESC_KIND_STOP) return STEP_DESC_KIND_STOP;
@@ -120,5 +130,6 @@ enum step_desc_kind step_desc_recv(struct step_desc *d, struct comm *c, struct e
     ASSERT(tables - d->body == n);
     b->n_seqs = S;
     b->seqs = d->seqs;
+    *out_want_stats = hdr[HDR_WANT_STATS] != 0;
     return STEP_DESC_KIND_FORWARD;
 }

@@ -7,19 +7,22 @@
  * On the wire (int32 values, two broadcasts: the header, which the followers
  * wait for without spinning (comm_bcast_idle), then the body):
  *
- *   header  kind | n_tokens | n_seqs | has_adapter | n_table
+ *   header  kind | n_tokens | n_seqs | has_adapter | n_table | want_stats
  *   body    token[n_tokens] pos[n_tokens] seq[n_tokens] output[n_tokens]
  *           adapter[n_tokens] (if has_adapter) n_blocks[n_seqs]
  *           block tables, concatenated (n_table = sum of n_blocks)
  *
  * Whole block tables travel each step, not their changes: a decode step of
- * S sequences of L tokens costs 4 * (5 + 5 S + S + S L / block_size) bytes,
+ * S sequences of L tokens costs 4 * (6 + 5 S + S L / block_size) bytes,
  * small beside the 2 * n_layer * S * n_embd * 4 bytes of the allreduces.
+ * want_stats asks every rank to report its figures (engine_rank_stats) to
+ * rank 0 after this step's forward pass (a gather, engine.c).
  * Threads: the thread that runs the ctx's collectives (comm.h).
  */
 #ifndef LLMSERVE_STEP_DESC_H
 #define LLMSERVE_STEP_DESC_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "engine/engine.h"
@@ -46,15 +49,19 @@ struct step_desc {
 int step_desc_init(struct step_desc *d, int32_t max_tokens, int32_t max_seqs);
 void step_desc_deinit(struct step_desc *d);  // safe on a zeroed struct
 
-/* Rank 0: broadcasts b (a validated batch). */
-void step_desc_send(struct step_desc *d, struct comm *c, const struct engine_batch *b);
+/* Rank 0: broadcasts b (a validated batch), and whether the ranks report
+ * their figures after it. */
+void step_desc_send(struct step_desc *d, struct comm *c, const struct engine_batch *b,
+                    bool want_stats);
 
 /* Rank 0: tells the followers to stop. */
 void step_desc_send_stop(struct comm *c);
 
 /* Other ranks: receives the next descriptor. For STEP_DESC_KIND_FORWARD, *b
  * views d's storage until the next call. A body larger than the limits d was
- * sized for means the ranks disagree on the ctx: that ends the job. */
-enum step_desc_kind step_desc_recv(struct step_desc *d, struct comm *c, struct engine_batch *b);
+ * sized for means the ranks disagree on the ctx: that ends the job.
+ * *out_want_stats: rank 0's want_stats (set for FORWARD only). */
+enum step_desc_kind step_desc_recv(struct step_desc *d, struct comm *c, struct engine_batch *b,
+                                   bool *out_want_stats);
 
 #endif

@@ -268,6 +268,14 @@ const struct engine_model *engine_ctx_model(const struct engine_ctx *c) { return
 int32_t engine_ctx_block_size(const struct engine_ctx *c) { return c->p.block_size; }
 int32_t engine_ctx_n_blocks(const struct engine_ctx *c) { return c->p.n_blocks; }
 
+/* One rank, no figures: the fake has no process of its own to measure. */
+int32_t engine_ctx_rank_stats(const struct engine_ctx *c, struct engine_rank_stats *out,
+                              int32_t max) {
+    (void)c;
+    if (max > 0) out[0] = (struct engine_rank_stats){0};
+    return 1;
+}
+
 static void fake_error(const struct engine_ctx *c, const char *what, int32_t seq, int32_t pos,
                        int32_t q) {
     if (c->m->counters->n_errors++ < 5)

@@ -14,7 +14,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "tests/helpers/testutil.h"
@@ -108,8 +113,8 @@ static void test_tp_generate_refuses_wrong_sizes(void **state) {
 }
 
 /* serve --tp 2: /health answers, a greedy completion is the README's text
- * (the single-process `generate -p "Once upon a time" -n 30 --temp 0`), and
- * SIGTERM ends the job. */
+ * (the single-process `generate -p "Once upon a time" -n 30 --temp 0`),
+ * /metrics and /health report both ranks, and SIGTERM ends the job. */
 static void test_tp_serve_completion_matches_one_process(void **state) {
     (void)state;
     const char *model = stories_or_skip();
@@ -131,8 +136,151 @@ static void test_tp_serve_completion_matches_one_process(void **state) {
                         ", there was a little girl named Lily. She loved to play outside "
                         "in the park. One day,");
     free(text);
+    const long long p1 = httptest_json_int(r.body, "prompt_tokens", -1);
+    assert_true(p1 > 0);
+    httptest_resp_free(&r);
+
+    // Past the report interval (ENGINE_RANK_REPORT_MS) the next step asks every rank for
+    // its figures: that of a 1-token completion, so each rank's report counts every step
+    // so far. Rank 0's own figures are always fresh.
+    httptest_sleep_ms(1100);
+    assert_int_equal(httptest_request(s.port, "POST", "/v1/completions", NULL,
+                                      "{\"prompt\": \"Lily\", \"max_tokens\": 1, "
+                                      "\"temperature\": 0}",
+                                      &r),
+                     200);
+    const long long p2 = httptest_json_int(r.body, "prompt_tokens", -1);
+    assert_true(p2 > 0);
+    httptest_resp_free(&r);
+
+    // Oracles by hand: steps = 1 prefill + 29 decodes (the first token comes from the
+    // prefill) + 1 prefill; rank 1 hands 2 allreduces x 5 layers x 64 floats x 4 bytes per
+    // forward token to the collectives (stories260K: ../shared/models/README.md), plus a
+    // few ints of agreement and its 32-byte reports.
+    const double steps = 1 + 29 + 1;
+    const double tokens = (double)p1 + 29 + (double)p2;
+    const double allreduce_bytes = 2.0 * 5 * 64 * 4 * tokens;
+    // The reply can come before the step that sent it has published its figures
+    // (emit, then publish): poll, boundedly, until rank 0 shows the last step.
+    for (int i = 0; i < 200; i++) {
+        assert_int_equal(httptest_request(s.port, "GET", "/metrics", NULL, NULL, &r), 200);
+        if (httptest_metric(r.body, "llmserve_rank_steps_total{rank=\"0\"}") == steps) break;
+        httptest_resp_free(&r);
+        httptest_sleep_ms(25);
+    }
+    assert_non_null(r.body);
+    assert_true(httptest_metric(r.body, "llmserve_ranks") == 2.0);
+    for (int rank = 0; rank < 2; rank++) {
+        char name[128];
+        snprintf(name, sizeof(name), "llmserve_rank_steps_total{rank=\"%d\"}", rank);
+        assert_true(httptest_metric(r.body, name) == steps);
+        snprintf(name, sizeof(name), "llmserve_rank_forward_seconds_total{rank=\"%d\"}", rank);
+        assert_true(httptest_metric(r.body, name) > 0.0);
+        snprintf(name, sizeof(name), "llmserve_rank_peak_rss_bytes{rank=\"%d\"}", rank);
+        assert_true(httptest_metric(r.body, name) > 1e6);  // a process, at least 1 MiB
+    }
+    const double comm1 = httptest_metric(r.body, "llmserve_rank_comm_bytes_total{rank=\"1\"}");
+    print_message("rank 1: %.0f bytes to collectives, %.0f of them allreduces\n", comm1,
+                  allreduce_bytes);
+    assert_true(comm1 >= allreduce_bytes && comm1 <= allreduce_bytes + 1024);
+    // rank 0 also broadcasts every step's descriptor: more than its allreduces
+    assert_true(httptest_metric(r.body, "llmserve_rank_comm_bytes_total{rank=\"0\"}") >
+                allreduce_bytes);
+    httptest_resp_free(&r);
+    assert_int_equal(httptest_request(s.port, "GET", "/health", NULL, NULL, &r), 200);
+    assert_true(httptest_json_int(r.body, "n_ranks", 0) == 2);
+    const char *rank1 = strstr(r.body, "\"rank\":1");
+    assert_non_null(rank1);
+    assert_true(httptest_json_int(rank1, "steps", -1) == (long long)steps);
+    assert_true(httptest_json_int(rank1, "comm_bytes", -1) == (long long)comm1);
     httptest_resp_free(&r);
     httptest_stop(&s, SIGTERM);
+}
+
+/* The pid rank `rank` logged (comm_open: "rank R/N: pid P") in the job's log, or 0. */
+static pid_t rank_pid(const char *log_path, int rank) {
+    FILE *f = fopen(log_path, "r");
+    if (!f) return 0;
+    char line[1024], needle[64];
+    snprintf(needle, sizeof(needle), "rank %d/", rank);
+    pid_t pid = 0;
+    while (!pid && fgets(line, sizeof(line), f)) {
+        const char *p = strstr(line, needle);
+        const char *q = p ? strstr(p, ": pid ") : NULL;
+        if (q) pid = (pid_t)atol(q + 6);
+    }
+    fclose(f);
+    return pid;
+}
+
+static bool log_has(const char *log_path, const char *text) {
+    FILE *f = fopen(log_path, "r");
+    if (!f) return false;
+    char line[4096];
+    bool found = false;
+    while (!found && fgets(line, sizeof(line), f)) found = strstr(line, text) != NULL;
+    fclose(f);
+    return found;
+}
+
+/* serve --tp 2, rank 1 killed with SIGKILL in the middle of a stream: the
+ * stream ends (EOF or reset within 60 s, never [DONE]: it did not finish),
+ * the whole job exits within 60 s and with a failure, rank 0's log says
+ * why, and /health no longer answers 200. The bounds are polls, not timings:
+ * Open MPI takes a few seconds (mpirun notices the death, SIGTERMs the
+ * others and SIGKILLs them 1 s later). */
+static void test_tp_serve_rank_killed_ends_job(void **state) {
+    (void)state;
+    const char *model = stories_or_skip();
+    char launch[2048];
+    snprintf(launch, sizeof(launch), "%s -np 2", mpirun());
+    setenv("LLMSERVE_LAUNCH", launch, 1);
+    struct httptest_server s;
+    httptest_start(&s, model, "--tp 2");
+    unsetenv("LLMSERVE_LAUNCH");
+    pid_t pid1 = 0;
+    for (int i = 0; i < 100 && !pid1; i++) {
+        pid1 = rank_pid(s.log_path, 1);
+        if (!pid1) httptest_sleep_ms(50);
+    }
+    assert_true(pid1 > 0);
+
+    // 480 tokens of a 512-token context: far longer than the time to the kill below.
+    int fd = httptest_send(s.port, "POST", "/v1/completions", NULL,
+                           "{\"prompt\": \"Once\", \"max_tokens\": 480, \"ignore_eos\": true, "
+                           "\"temperature\": 0, \"stream\": true}");
+    assert_true(httptest_recv_until(fd, "data: ", 1 << 20));
+    assert_int_equal(kill(pid1, SIGKILL), 0);
+
+    struct timeval tv = {.tv_sec = 60};
+    assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
+    char buf[1 << 16];
+    size_t len = 0;
+    ssize_t got;
+    do {
+        got = read(fd, buf + len, sizeof(buf) - 1 - len);
+        if (got > 0) len += (size_t)got;
+        if (len == sizeof(buf) - 1) len = 0;  // keep reading; only the tail matters
+    } while (got > 0 || (got < 0 && errno == EINTR));
+    const int read_errno = got < 0 ? errno : 0;
+    close(fd);
+    buf[len] = '\0';
+    assert_true(read_errno != EAGAIN && read_errno != EWOULDBLOCK);  // not a stuck stream
+    assert_null(strstr(buf, "[DONE]"));
+
+    int status = 0;
+    pid_t done = 0;
+    for (int i = 0; i < 600 && done == 0; i++) {
+        done = waitpid(s.pid, &status, WNOHANG);
+        if (done == 0) httptest_sleep_ms(100);
+    }
+    assert_int_equal(done, s.pid);
+    assert_false(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    struct httptest_resp r;
+    assert_int_not_equal(httptest_request(s.port, "GET", "/health", NULL, NULL, &r), 200);
+    httptest_resp_free(&r);
+    assert_true(log_has(s.log_path, "exited on signal 9"));  // mpirun's line: which rank
+    assert_true(log_has(s.log_path, "ending the job"));      // rank 0's own
 }
 
 int main(void) {
@@ -141,6 +289,7 @@ int main(void) {
         cmocka_unit_test(test_tp_generate_synthetic_same_ids_as_one_process),
         cmocka_unit_test(test_tp_generate_refuses_wrong_sizes),
         cmocka_unit_test(test_tp_serve_completion_matches_one_process),
+        cmocka_unit_test(test_tp_serve_rank_killed_ends_job),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
