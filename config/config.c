@@ -38,6 +38,7 @@ void config_init_defaults(struct config *c) {
     c->shutdown_grace_s = 10;
     c->max_loras = 8;
     c->tp = 1;
+    c->pp = 1;
     c->log_level = LOG_LEVEL_INFO;
 }
 
@@ -151,9 +152,14 @@ int config_validate(const struct config *c, char *msg, size_t msg_size) {
         snprintf(msg, msg_size, "--block-size: %d is not a power of two", (int)c->block_size);
         return ERR_INVAL;
     }
-    if (c->tp > 1 && (c->n_loras > 0 || c->allow_runtime_lora)) {
-        snprintf(msg, msg_size, "adapters (--lora, --allow-runtime-lora) under --tp > 1 are "
-                 "not supported yet");
+    if ((c->tp > 1 || c->pp > 1) && (c->n_loras > 0 || c->allow_runtime_lora)) {
+        snprintf(msg, msg_size, "adapters (--lora, --allow-runtime-lora) under --tp > 1 or "
+                 "--pp > 1 are not supported yet");
+        return ERR_INVAL;
+    }
+    if (c->tp > 1 && c->pp > 1) {
+        snprintf(msg, msg_size, "--tp %d with --pp %d: tensor and pipeline parallelism "
+                 "together are not supported yet (use one of them)", (int)c->tp, (int)c->pp);
         return ERR_INVAL;
     }
     if (c->max_loras == 0 && (c->n_loras > 0 || c->allow_runtime_lora)) {

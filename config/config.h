@@ -55,6 +55,7 @@ struct config {
     int32_t max_loras;            // adapter slots in the engine (adapters batched at once)
     char *lora_dir;               // owned; runtime adapter paths must lie inside; NULL: anywhere
     int32_t tp;                   // tensor-parallel ranks (1: this process alone)
+    int32_t pp;                   // pipeline stages (1: every layer in each rank)
     bool allow_runtime_lora;      // POST /v1/load_lora_adapter, /v1/unload_lora_adapter
     enum log_level log_level;
     char *config_file;            // owned; the file that was read, or NULL

@@ -37,12 +37,12 @@ struct engine_ctx_params engine_ctx_default_params(void) {
 size_t engine_kv_block_bytes(const struct engine_model *m, int32_t block_size,
                              enum engine_kv_type kv_type) {
     const struct hparams *hp = &m->hp;
-    return kv_block_bytes(kv_type, hp->n_layer, m->shard.n_head_kv, hp->head_dim, block_size);
+    return kv_block_bytes(kv_type, m->shard.n_layer, m->shard.n_head_kv, hp->head_dim, block_size);
 }
 
 void engine_ctx_free(struct engine_ctx *ctx) {
     if (!ctx) return;
-    if (ctx->is_tp_ready && comm_rank(ctx->comm) == 0) step_desc_send_stop(ctx->comm);
+    if (ctx->is_parallel && comm_rank(ctx->comm) == 0) step_desc_send_stop(ctx->comm);
     step_desc_deinit(&ctx->desc);
     free(ctx->ranks);
     threadpool_free(ctx->pool);
@@ -112,15 +112,18 @@ static int check_params(const struct engine_model *m, struct engine_ctx_params *
                   (int)prm->kv_type, prm->max_adapters);
         return ERR_INVAL;
     }
-    if (comm_size(prm->comm) != m->shard.size || comm_rank(prm->comm) != m->shard.rank) {
-        LOG_ERROR("%s: the model was loaded as tensor-parallel rank %d of %d, the comm is "
-                  "rank %d of %d", __func__, m->shard.rank, m->shard.size,
-                  comm_rank(prm->comm), comm_size(prm->comm));
+    const int32_t job_size = shard_job_size(&m->shard);
+    if (comm_size(prm->comm) != job_size || comm_rank(prm->comm) != shard_job_rank(&m->shard)) {
+        LOG_ERROR("%s: the model was loaded as rank %d of %d (tensor-parallel rank %d of %d, "
+                  "stage %d of %d), the comm is rank %d of %d", __func__,
+                  shard_job_rank(&m->shard), job_size, m->shard.rank, m->shard.size,
+                  m->shard.stage, m->shard.n_stages, comm_rank(prm->comm),
+                  comm_size(prm->comm));
         return ERR_INVAL;
     }
-    if (m->shard.size > 1 && prm->max_adapters > 0) {
-        LOG_ERROR("%s: adapters under tensor parallelism (%d ranks) are not supported yet",
-                  __func__, m->shard.size);
+    if (job_size > 1 && prm->max_adapters > 0) {
+        LOG_ERROR("%s: adapters under tensor or pipeline parallelism (%d ranks) are not "
+                  "supported yet", __func__, job_size);
         return ERR_UNSUPPORTED;
     }
     if (prm->max_seqs > prm->max_batch_tokens) prm->max_seqs = prm->max_batch_tokens;
@@ -153,13 +156,13 @@ static int ctx_alloc(const struct engine_model *m, const struct engine_ctx_param
     if ((int64_t)n_q > max_k) max_k = (int64_t)n_q;
     err = kern_scratch_init(&ctx->kscratch, ctx->params.n_threads, max_k);
     if (err) return err;
-    err = kv_init(&ctx->kv, prm->kv_type, hp->n_layer, prm->n_blocks, prm->block_size,
+    err = kv_init(&ctx->kv, prm->kv_type, sh->n_layer, prm->n_blocks, prm->block_size,
                   sh->n_head_kv, hp->head_dim);
     if (err) return err;
-    if (sh->size > 1) {
+    if (shard_job_size(sh) > 1) {
         err = step_desc_init(&ctx->desc, prm->max_batch_tokens, prm->max_seqs);
         if (err) return err;
-        ctx->ranks = calloc((size_t)sh->size, sizeof(*ctx->ranks));
+        ctx->ranks = calloc((size_t)shard_job_size(sh), sizeof(*ctx->ranks));
         if (!ctx->ranks) return ERR_NOMEM;
     }
 
@@ -179,7 +182,7 @@ static int ctx_alloc(const struct engine_model *m, const struct engine_ctx_param
     ctx->att_scratch = alloc_floats((size_t)ctx->params.n_threads, ctx->att_scratch_floats, &err);
     ctx->xo = alloc_floats((size_t)prm->max_outputs, (size_t)hp->n_embd, &err);
     // Only rank 0 runs the classifier (model/shard.h).
-    ctx->logits = alloc_floats(sh->rank == 0 ? (size_t)prm->max_outputs : 1,
+    ctx->logits = alloc_floats(shard_has_classifier(sh) ? (size_t)prm->max_outputs : 1,
                                (size_t)hp->n_vocab, &err);
     ctx->att_tiles = malloc(T * sizeof(*ctx->att_tiles));
     if (!ctx->att_tiles) err = ERR_NOMEM;
@@ -217,7 +220,7 @@ int engine_ctx_create(const struct engine_model *m, const struct engine_ctx_para
         engine_ctx_free(ctx);
         return err;
     }
-    ctx->is_tp_ready = m->shard.size > 1;
+    ctx->is_parallel = shard_job_size(&m->shard) > 1;
     *out = ctx;
     return 0;
 }
@@ -298,7 +301,7 @@ int engine_forward(struct engine_ctx *ctx, const struct engine_batch *b,
     int err = check_batch(ctx, b, &n_outputs);
     if (err) return err;
     bool want_stats = false;
-    if (ctx->is_tp_ready) {
+    if (ctx->is_parallel) {
         const int64_t now = clock_mono_ns();
         want_stats = now - ctx->t_report_ns >= (int64_t)ENGINE_RANK_REPORT_MS * 1000000;
         if (want_stats) ctx->t_report_ns = now;
@@ -320,7 +323,7 @@ int32_t engine_ctx_rank_stats(const struct engine_ctx *ctx, struct engine_rank_s
 }
 
 int engine_follow(struct engine_ctx *ctx) {
-    ASSERT(ctx->is_tp_ready && comm_rank(ctx->comm) > 0);
+    ASSERT(ctx->is_parallel && comm_rank(ctx->comm) > 0);
     struct engine_batch b;
     bool want_stats = false;
     while (step_desc_recv(&ctx->desc, ctx->comm, &b, &want_stats) == STEP_DESC_KIND_FORWARD) {

@@ -50,6 +50,10 @@ struct engine_model_params {
     int32_t tp_size;     // ranks the model is split over (default 1: all of it here); each
                          // rank keeps its own heads and FFN columns only, rank 0 also the
                          // classifier (engine/model/shard.h, docs/parallelism.md)
+    int32_t pp_rank;     // pipeline parallelism: this process's stage, 0 <= pp_rank < pp_size
+    int32_t pp_size;     // stages the layers are split over (default 1); each stage keeps a
+                         // contiguous range of layers only (and its KV pool only those);
+                         // today tp_size or pp_size is 1
 };
 
 struct engine_model_params engine_model_default_params(void);

@@ -58,6 +58,12 @@ void comm_bcast_idle(struct comm *c, void *p, size_t bytes);
 /* x[i] = sum over ranks of x[i], the same result on every rank. */
 void comm_allreduce_sum(struct comm *c, float *x, int64_t n);
 
+/* Point to point (pipeline parallelism): n floats at x to rank `to`, which
+ * receives them with comm_recv from this rank; both block until the
+ * transfer is done. Only in a job of several ranks (never with a NULL comm). */
+void comm_send(struct comm *c, int32_t to, const float *x, int64_t n);
+void comm_recv(struct comm *c, int32_t from, float *x, int64_t n);
+
 /* Every rank's `bytes` bytes at mine, in rank order, into all on rank 0
  * ([size][bytes]; all is not touched on the other ranks, and may be NULL
  * there). */

@@ -65,8 +65,8 @@ int comm_open(int32_t n_ranks, struct comm **out) {
     c->size = size;
     if (size != n_ranks) {
         LOG_ERROR(
-            "rank %d: the job has %d ranks but %d were asked for (--tp %d runs under "
-            "mpirun -np %d)",
+            "rank %d: the job has %d ranks but %d were asked for (--tp x --pp = %d runs "
+            "under mpirun -np %d)",
             rank, size, n_ranks, n_ranks, n_ranks);
         comm_close(c);
         return ERR_INVAL;
@@ -142,6 +142,27 @@ void comm_allreduce_sum(struct comm *c, float *x, int64_t n) {
         const int k = n > INT_MAX ? INT_MAX : (int)n;
         MPI_Allreduce(MPI_IN_PLACE, x, k, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         c->bytes_sent += (uint64_t)k * sizeof(float);
+        x += k;
+        n -= k;
+    }
+}
+
+void comm_send(struct comm *c, int32_t to, const float *x, int64_t n) {
+    ASSERT(c && c->size > 1 && to >= 0 && to < c->size && to != c->rank && n >= 0);
+    while (n > 0) {
+        const int k = n > INT_MAX ? INT_MAX : (int)n;
+        MPI_Send(x, k, MPI_FLOAT, to, 0, MPI_COMM_WORLD);
+        c->bytes_sent += (uint64_t)k * sizeof(float);
+        x += k;
+        n -= k;
+    }
+}
+
+void comm_recv(struct comm *c, int32_t from, float *x, int64_t n) {
+    ASSERT(c && c->size > 1 && from >= 0 && from < c->size && from != c->rank && n >= 0);
+    while (n > 0) {
+        const int k = n > INT_MAX ? INT_MAX : (int)n;
+        MPI_Recv(x, k, MPI_FLOAT, from, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
         x += k;
         n -= k;
     }

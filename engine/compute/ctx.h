@@ -27,7 +27,8 @@ struct engine_ctx {
     struct kv_store kv;                // owned: the KV block pool (this rank's kv heads)
     struct comm *comm;                 // borrowed (params.comm): NULL or the TP job's ranks
     struct step_desc desc;             // owned: the step descriptor's buffers (TP only)
-    bool is_tp_ready;                  // created on every rank: rank 0 sends STOP when freed
+    bool is_parallel;                  // a job of several ranks (TP or PP), the ctx created
+                                       //   on every rank: rank 0 sends STOP when freed
     int64_t forward_ns;                // time in forward_run() so far
     int64_t n_steps;                   // forward_run() calls so far
     int64_t t_report_ns;               // rank 0: when it last asked the ranks for figures

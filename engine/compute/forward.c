@@ -13,6 +13,12 @@
  * ffn_down are partial sums, joined by one allreduce each per layer, after
  * which every rank holds the same residual stream. Rank 0 alone computes the
  * logits. At TP 1 the shares are the whole model and the allreduces no-ops.
+ *
+ * Pipeline parallelism: a stage runs only its layers (model/shard.h); stage 0
+ * embeds the tokens, every later stage receives the residual stream [T][E]
+ * from the one before, and the last sends it back to stage 0 (rank 0), which
+ * computes the logits. The KV pool of a stage holds its layers only, indexed
+ * from its first layer. No micro-batches yet: the stages take turns.
  */
 #include <math.h>
 #include <string.h>
@@ -92,10 +98,17 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
     const int32_t n_pairs = hp->n_rot / 2;
     struct threadpool *pool = ctx->pool;
     struct kern_scratch *ks = &ctx->kscratch;
+    const struct shard *sh = &m->shard;
+    struct comm *tp = sh->size > 1 ? ctx->comm : NULL;  // the allreduces' ranks
+    const int64_t n_x = (int64_t)T * n_embd;
 
-    // Token embeddings: x[t] = token_embd[token[t]]                     [T][E]
-    for (int32_t t = 0; t < T; t++) {
-        tensor_row_to_f32(m->tok_embd, b->token[t], ctx->x + (size_t)t * n_embd);
+    // Token embeddings: x[t] = token_embd[token[t]]; a later stage receives x instead  [T][E]
+    if (sh->stage > 0) {
+        comm_recv(ctx->comm, shard_job_rank(sh) - sh->size, ctx->x, n_x);
+    } else {
+        for (int32_t t = 0; t < T; t++) {
+            tensor_row_to_f32(m->tok_embd, b->token[t], ctx->x + (size_t)t * n_embd);
+        }
     }
 
     // RoPE angles per token, shared by every layer                       [T][n_rot/2]
@@ -134,8 +147,9 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
         .scratch_floats = ctx->att_scratch_floats,
     };
 
-    for (int32_t il = 0; il < hp->n_layer; il++) {
+    for (int32_t il = sh->layer0; il < sh->layer0 + sh->n_layer; il++) {
         const struct layer *L = &m->layers[il];
+        const int32_t kl = il - sh->layer0;  // the layer in this stage's KV pool
 
         // Attention norm                                                  [T][E]
         rmsnorm_rows(ctx->xb, ctx->x, L->attn_norm, T, n_embd, hp->norm_eps);
@@ -169,8 +183,8 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
         }
 
         // Write K/V into the sequences' blocks, then attend through the block tables
-        kv_write(&ctx->kv, il, b, ctx->k, ctx->v);
-        att.layer = il;
+        kv_write(&ctx->kv, kl, b, ctx->k, ctx->v);
+        att.layer = kl;
         attention_run(pool, &att);                                       // [T][Q]
 
         // Output projection (+ LoRA), summed over the ranks, bottleneck adapter,
@@ -178,7 +192,7 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
         kern_matmul(pool, ks, L->wo, ctx->att, T, ctx->xb2);
         const struct adapter_target o[1] = {{ADAPTER_PROJ_O, ctx->xb2, n_embd}};
         adapter_apply_lora(pool, ab, il, ctx->att, n_q, o, 1);
-        comm_allreduce_sum(ctx->comm, ctx->xb2, (int64_t)T * n_embd);
+        comm_allreduce_sum(tp, ctx->xb2, n_x);
         adapter_apply_bottleneck(pool, ab, il, ADAPTER_POS_ATTN, ctx->xb2, n_embd);
         add_rows(ctx->x, ctx->xb2, (int64_t)T * n_embd);
 
@@ -201,13 +215,23 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
         kern_matmul(pool, ks, L->ffn_down, ctx->hb, T, ctx->xb2);
         const struct adapter_target down[1] = {{ADAPTER_PROJ_DOWN, ctx->xb2, n_embd}};
         adapter_apply_lora(pool, ab, il, ctx->hb, n_ff, down, 1);
-        comm_allreduce_sum(ctx->comm, ctx->xb2, (int64_t)T * n_embd);
+        comm_allreduce_sum(tp, ctx->xb2, n_x);
         adapter_apply_bottleneck(pool, ab, il, ADAPTER_POS_FFN, ctx->xb2, n_embd);
         add_rows(ctx->x, ctx->xb2, (int64_t)T * n_embd);
     }
 
+    // Pipeline: on to the next stage; the last one's result back to rank 0
+    if (sh->n_stages > 1) {
+        const int32_t me = shard_job_rank(sh);
+        if (sh->stage + 1 < sh->n_stages) comm_send(ctx->comm, me + sh->size, ctx->x, n_x);
+        else comm_send(ctx->comm, sh->rank, ctx->x, n_x);  // stage 0, same TP rank
+        if (sh->stage == 0) {
+            comm_recv(ctx->comm, (sh->n_stages - 1) * sh->size + sh->rank, ctx->x, n_x);
+        }
+    }
+
     // Final norm of the rows that want logits, then the classifier (rank 0)  [n_out][vocab]
-    if (m->shard.rank != 0) return;
+    if (!shard_has_classifier(sh)) return;
     int32_t n_out = 0;
     for (int32_t t = 0; t < T; t++) {
         if (!b->output[t]) continue;

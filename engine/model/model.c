@@ -415,14 +415,17 @@ static void drop_pages(const void *p, size_t n) {
 /* Cuts the bound layer tensors down to rank's slice of size ranks
  * (m->shard; shard.h has the scheme), between binding and packing, so the
  * panels and every kernel see ordinary, smaller matrices. */
-static int shard_layers(struct loader *ld, int32_t rank, int32_t size) {
+static int shard_layers(struct loader *ld, const struct engine_model_params *p) {
     struct engine_model *m = ld->m;
     const struct hparams *hp = &m->hp;
-    int err = shard_plan(ld->path, rank, size, hp->n_head, hp->n_head_kv, hp->n_ff,
+    const int32_t size = p->tp_size;
+    int err = shard_plan(ld->path, p->tp_rank, size, hp->n_head, hp->n_head_kv, hp->n_ff,
                          m->layers[0].ffn_down->type, &m->shard);
+    if (!err) err = shard_plan_stage(ld->path, p->pp_rank, p->pp_size, hp->n_layer, &m->shard);
     if (err || size == 1) return err;
-    for (int pass = 0; pass < 2; pass++) {  // check every layer, then cut
-        for (int32_t il = 0; il < hp->n_layer; il++) {
+    const int32_t l0 = m->shard.layer0;
+    for (int pass = 0; pass < 2; pass++) {  // check every layer of the stage, then cut
+        for (int32_t il = l0; il < l0 + m->shard.n_layer; il++) {
             struct layer *L = &m->layers[il];
             // the model's own, writable tensors: the bound pointers are views of them
             const struct shard_layer sl = {.wq = &m->tensors[L->wq - m->tensors],
@@ -460,18 +463,21 @@ static size_t span_bytes(const struct tensor *t) {
  * of the weights. */
 static int pack_panels(struct loader *ld) {
     struct engine_model *m = ld->m;
-    const int64_t n_mats = 7 * (int64_t)m->hp.n_layer + 1;
+    // The layers of this pipeline stage (all of them at PP 1; shard.h): the other
+    // stages' are never packed, so their pages are never read.
+    const int32_t l0 = m->shard.layer0;
+    const int64_t n_mats = 7 * (int64_t)m->shard.n_layer + 1;
     const struct tensor **mats = calloc((size_t)n_mats, sizeof(*mats));
     if (!mats) return ERR_NOMEM;
-    for (int32_t il = 0; il < m->hp.n_layer; il++) {
+    for (int32_t il = l0; il < l0 + m->shard.n_layer; il++) {
         const struct layer *L = &m->layers[il];
         const struct tensor *lm[7] = {L->wq, L->wk, L->wv, L->wo, L->ffn_gate, L->ffn_up,
                                       L->ffn_down};
-        memcpy(mats + 7 * il, lm, sizeof(lm));
+        memcpy(mats + 7 * (il - l0), lm, sizeof(lm));
     }
-    // Only rank 0 of a tensor-parallel job runs the classifier (shard.h): the others never
+    // Only rank 0 of a parallel job runs the classifier (shard.h): the others never
     // pack it.
-    const int64_t n_packed = m->shard.rank == 0 ? n_mats : n_mats - 1;
+    const int64_t n_packed = shard_has_classifier(&m->shard) ? n_mats : n_mats - 1;
     mats[n_mats - 1] = m->output;
     size_t bytes = 0;
     for (int64_t i = 0; i < n_packed; i++) {
@@ -518,6 +524,31 @@ static int pack_panels(struct loader *ld) {
     return 0;
 }
 
+/* A rank of a parallel job (shard.h) gives back the file's bytes it never
+ * reads, which packing left resident: the matrices of other stages' layers,
+ * the other ranks' rows and columns of its own packed matrices, and the
+ * classifier where it does not run. Kept: the token embedding (its rows are
+ * looked up) and matrices read from the file's bytes (no panel layout). */
+static void drop_unread(struct engine_model *m) {
+    const struct shard *sh = &m->shard;
+    if (shard_job_size(sh) == 1) return;
+    for (int32_t il = 0; il < m->hp.n_layer; il++) {
+        const struct layer *L = &m->layers[il];
+        const bool is_mine = il >= sh->layer0 && il < sh->layer0 + sh->n_layer;
+        const struct tensor *lm[7] = {L->wq, L->wk, L->wv, L->wo, L->ffn_gate, L->ffn_up,
+                                      L->ffn_down};
+        for (int k = 0; k < 7; k++) {
+            if (lm[k] == m->tok_embd || (is_mine && !lm[k]->panels)) continue;
+            const struct gguf_tensor_info *ti = gguf_tensor_at(m->gguf, lm[k] - m->tensors);
+            drop_pages(ti->data, ti->nbytes);
+        }
+    }
+    if (!shard_has_classifier(sh) && m->output != m->tok_embd) {
+        const struct gguf_tensor_info *ti = gguf_tensor_at(m->gguf, m->output - m->tensors);
+        drop_pages(ti->data, ti->nbytes);
+    }
+}
+
 static int load_meta(struct loader *ld) {
     struct engine_model *m = ld->m;
     struct gguf_str s;
@@ -552,7 +583,8 @@ static int load_meta(struct loader *ld) {
 
 struct engine_model_params engine_model_default_params(void) {
     return (struct engine_model_params){
-        .path = NULL, .show_progress = false, .tp_rank = 0, .tp_size = 1};
+        .path = NULL, .show_progress = false, .tp_rank = 0, .tp_size = 1, .pp_rank = 0,
+        .pp_size = 1};
 }
 
 void engine_model_free(struct engine_model *m) {
@@ -597,18 +629,21 @@ int engine_model_load(const struct engine_model_params *p, struct engine_model *
     }
     atomic_init(m->next_adapter_id, 1);
     int err = ERR_INVAL;
-    if (p->tp_size < 1 || p->tp_rank < 0 || p->tp_rank >= p->tp_size) {
-        LOG_ERROR("%s: tensor-parallel rank %d of %d is not a rank", p->path, p->tp_rank,
-                  p->tp_size);
+    if (p->tp_size < 1 || p->tp_rank < 0 || p->tp_rank >= p->tp_size || p->pp_size < 1 ||
+        p->pp_rank < 0 || p->pp_rank >= p->pp_size || (p->tp_size > 1 && p->pp_size > 1)) {
+        LOG_ERROR("%s: tensor-parallel rank %d of %d, pipeline stage %d of %d is not a rank "
+                  "(and TP x PP is not supported yet)",
+                  p->path, p->tp_rank, p->tp_size, p->pp_rank, p->pp_size);
         goto fail;
     }
     err = gguf_open(p->path, &m->gguf);
     if (err) goto fail;
     if ((err = load_meta(&ld)) || (err = load_hparams(&ld)) || (err = load_tensors(&ld)) ||
-        (err = bind_tensors(&ld)) || (err = shard_layers(&ld, p->tp_rank, p->tp_size)) ||
+        (err = bind_tensors(&ld)) || (err = shard_layers(&ld, p)) ||
         (err = pack_panels(&ld))) {
         goto fail;
     }
+    drop_unread(m);
     if (gguf_find(m->gguf, "tokenizer.ggml.model")) {
         err = tokenizer_load(m->gguf, &m->tok);
         if (err) goto fail;

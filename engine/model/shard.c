@@ -72,6 +72,21 @@ int shard_plan(const char *path, int32_t rank, int32_t size, int32_t n_head, int
     return 0;
 }
 
+int shard_plan_stage(const char *path, int32_t stage, int32_t n_stages, int32_t n_layer,
+                     struct shard *sh) {
+    sh->stage = stage;
+    sh->n_stages = n_stages;
+    sh->layer0 = (int32_t)((int64_t)n_layer * stage / n_stages);
+    sh->n_layer = (int32_t)((int64_t)n_layer * (stage + 1) / n_stages) - sh->layer0;
+    if (sh->n_layer < 1) {
+        LOG_ERROR("%s: %d pipeline stages over the model's %d layers leave stage %d none "
+                  "(--pp must be at most %d)",
+                  path, n_stages, n_layer, stage, n_layer);
+        return ERR_UNSUPPORTED;
+    }
+    return 0;
+}
+
 int shard_check_layer(const char *path, const struct shard *sh, int32_t head_dim,
                       const struct shard_layer *l) {
     const int64_t q0 = (int64_t)sh->head0 * head_dim;

@@ -21,10 +21,17 @@
  * full ones, joined by one allreduce each per layer (forward.c). Norms, the
  * embedding and the classifier are not split; the classifier runs on rank 0
  * only, the others never pack it. With TP = 1 nothing changes.
+ *
+ * Pipeline parallelism (PP): stage p of PP holds the contiguous layers
+ * [n_layer * p / PP, n_layer * (p + 1) / PP) and packs only those (its KV
+ * pool has only those layers too); stage 0 also the embedding's use and the
+ * classifier. The job's ranks are stages times TP ranks, stage-major (job
+ * rank = stage * TP + TP rank); today either TP or PP is 1.
  */
 #ifndef LLMSERVE_SHARD_H
 #define LLMSERVE_SHARD_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "engine/format/tensor.h"
@@ -38,7 +45,28 @@ struct shard {
     int32_t head_kv0;   // first kv head
     int32_t n_ff;       // FFN columns of this rank
     int32_t ff0;        // first FFN column
+    int32_t stage;      // pipeline stage, 0 <= stage < n_stages
+    int32_t n_stages;   // PP stages; 1: every layer here
+    int32_t layer0;     // first layer of this stage
+    int32_t n_layer;    // layers of this stage (all of them at PP 1)
 };
+
+/* The job's rank of this slice, and the job's size (stages x TP ranks). */
+static inline int32_t shard_job_rank(const struct shard *sh) {
+    return sh->stage * sh->size + sh->rank;
+}
+static inline int32_t shard_job_size(const struct shard *sh) { return sh->n_stages * sh->size; }
+
+/* Whether this slice runs the final norm and the classifier: job rank 0. */
+static inline bool shard_has_classifier(const struct shard *sh) {
+    return shard_job_rank(sh) == 0;
+}
+
+/* sh's stage/n_stages/layer0/n_layer for stage of n_stages over n_layer
+ * layers. Returns 0, or ERR_UNSUPPORTED when a stage would have no layer
+ * (the message names path and the numbers). */
+int shard_plan_stage(const char *path, int32_t stage, int32_t n_stages, int32_t n_layer,
+                     struct shard *sh);
 
 /* One layer's matrices (the model's own, writable tensors) and biases, as
  * shard_cut_layer() cuts them; a bias pointer may point to NULL (none). */

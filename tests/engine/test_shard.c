@@ -122,11 +122,61 @@ static void test_shard_refuses_impossible_splits(void **state) {
     assert_int_equal(err, ERR_UNSUPPORTED);
 }
 
+static struct engine_model *load_stage(const char *name, int32_t stage, int32_t n_stages,
+                                       int *err) {
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/tests/models/%s.gguf", testutil_build_dir(), name);
+    struct engine_model_params mp = engine_model_default_params();
+    mp.path = path;
+    mp.pp_rank = stage;
+    mp.pp_size = n_stages;
+    struct engine_model *m = NULL;
+    *err = engine_model_load(&mp, &m);
+    return m;
+}
+
+/* Pipeline stages of the 2-layer llama-q8_0: stage s of 2 holds layer s, packs
+ * only that layer's matrices (the other's have no panels), and its KV block is
+ * half the whole model's (one layer of two). Only stage 0 packs the
+ * classifier. One stage per layer at most: 3 stages are refused. */
+static void test_shard_pipeline_stages_hold_their_layers(void **state) {
+    (void)state;
+    int err;
+    struct engine_model *whole = load("llama-q8_0", 0, 1, &err);
+    assert_int_equal(err, 0);
+    assert_int_equal(whole->hp.n_layer, 2);
+    for (int32_t stage = 0; stage < 2; stage++) {
+        struct engine_model *m = load_stage("llama-q8_0", stage, 2, &err);
+        assert_int_equal(err, 0);
+        assert_int_equal(m->shard.layer0, stage);
+        assert_int_equal(m->shard.n_layer, 1);
+        assert_int_equal(shard_job_rank(&m->shard), stage);
+        assert_int_equal(shard_job_size(&m->shard), 2);
+        for (int32_t il = 0; il < 2; il++) {
+            const struct layer *L = &m->layers[il];
+            const bool mine = il == stage;
+            assert_true((L->wq->panels != NULL) == mine);
+            assert_true((L->ffn_down->panels != NULL) == mine);
+            assert_int_equal(L->wq->ne[1], whole->layers[il].wq->ne[1]);  // not cut: TP 1
+        }
+        assert_true((m->output->panels != NULL) == (stage == 0));
+        assert_int_equal(engine_kv_block_bytes(m, 16, ENGINE_KV_TYPE_F32) * 2,
+                         engine_kv_block_bytes(whole, 16, ENGINE_KV_TYPE_F32));
+        engine_model_free(m);
+    }
+    engine_model_free(whole);
+    assert_null(load_stage("llama-q8_0", 0, 3, &err));
+    assert_int_equal(err, ERR_UNSUPPORTED);
+    assert_null(load_stage("llama-q8_0", 2, 2, &err));
+    assert_int_equal(err, ERR_INVAL);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shard_rank1_of_2_views_its_rows_and_columns),
         cmocka_unit_test(test_shard_rank0_of_2_and_biases),
         cmocka_unit_test(test_shard_refuses_impossible_splits),
+        cmocka_unit_test(test_shard_pipeline_stages_hold_their_layers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -68,9 +68,26 @@ static void test_tp_generate_stories260k_prints_reference_ids(void **state) {
     }
 }
 
+/* Pipeline parallelism: the same README ids at PP 2 (stories260K's 5 layers
+ * as 2 + 3) and PP 4 (1 + 1 + 1 + 2). */
+static void test_pp_generate_stories260k_prints_reference_ids(void **state) {
+    (void)state;
+    const char *model = stories_or_skip();
+    for (int n = 2; n <= 4; n += 2) {
+        char cmd[8192], out[4096];
+        snprintf(cmd, sizeof(cmd), "%s -np %d %s generate -m %s --prompt-ids 1 -n 31 -t 1 --pp %d",
+                 mpirun(), n, httptest_bin(), model, n);
+        assert_int_equal(run(cmd, out, sizeof(out)), 0);
+        assert_string_equal(out,
+                            "403 407 261 378 432 383 286 261 376 298 315 421 395 317 426 338 401 "
+                            "396 267 337 410 408 419 292 411 322 265 282 295 433 426\n");
+    }
+}
+
 /* Synthetic models: the same greedy ids as one process, for 24 tokens past a
  * 9-token prompt (prefill and decode both sharded). */
-static void check_same_ids(const char *name, int n_ranks) {
+/* flag: --tp or --pp. */
+static void check_same_ids(const char *name, const char *flag, int n_ranks) {
     const char *model = httptest_model(name);
     char cmd[8192], one[4096], split[4096];
     snprintf(cmd, sizeof(cmd),
@@ -80,19 +97,27 @@ static void check_same_ids(const char *name, int n_ranks) {
     assert_int_equal(run(cmd, one, sizeof(one)), 0);
     snprintf(cmd, sizeof(cmd),
              "%s -np %d %s generate -m %s --prompt-ids 5,17,3,250,9,88,1,42,7 "
-             "-n 24 --ignore-eos -t 1 --tp %d",
-             mpirun(), n_ranks, httptest_bin(), model, n_ranks);
+             "-n 24 --ignore-eos -t 1 %s %d",
+             mpirun(), n_ranks, httptest_bin(), model, flag, n_ranks);
     assert_int_equal(run(cmd, split, sizeof(split)), 0);
-    print_message("%s tp=%d: %s", name, n_ranks, split);
+    print_message("%s %s %d: %s", name, flag, n_ranks, split);
     assert_string_equal(split, one);
 }
 
 static void test_tp_generate_synthetic_same_ids_as_one_process(void **state) {
     (void)state;
-    check_same_ids("llama-kv4-q8_0", 2);
-    check_same_ids("llama-kv4-q8_0", 4);
-    check_same_ids("llama-kv4-f32", 4);
-    check_same_ids("qwen2-f32", 2);
+    check_same_ids("llama-kv4-q8_0", "--tp", 2);
+    check_same_ids("llama-kv4-q8_0", "--tp", 4);
+    check_same_ids("llama-kv4-f32", "--tp", 4);
+    check_same_ids("qwen2-f32", "--tp", 2);
+}
+
+/* Two stages of one layer each (the synthetic models have 2 layers). */
+static void test_pp_generate_synthetic_same_ids_as_one_process(void **state) {
+    (void)state;
+    check_same_ids("llama-kv4-q8_0", "--pp", 2);
+    check_same_ids("llama-f32", "--pp", 2);
+    check_same_ids("qwen2-f32", "--pp", 2);
 }
 
 /* A job of another size than --tp, and a model --tp does not divide: exit 1
@@ -197,6 +222,35 @@ static void test_tp_serve_completion_matches_one_process(void **state) {
     httptest_stop(&s, SIGTERM);
 }
 
+/* serve --pp 2: the README's greedy completion text, and both stages report. */
+static void test_pp_serve_completion_matches_one_process(void **state) {
+    (void)state;
+    const char *model = stories_or_skip();
+    char launch[2048];
+    snprintf(launch, sizeof(launch), "%s -np 2", mpirun());
+    setenv("LLMSERVE_LAUNCH", launch, 1);
+    struct httptest_server s;
+    httptest_start(&s, model, "--pp 2");
+    unsetenv("LLMSERVE_LAUNCH");
+    struct httptest_resp r;
+    assert_int_equal(httptest_request(s.port, "POST", "/v1/completions", NULL,
+                                      "{\"prompt\": \"Once upon a time\", \"max_tokens\": 30, "
+                                      "\"temperature\": 0}",
+                                      &r),
+                     200);
+    char *text = httptest_json_str(r.body, "text");
+    assert_non_null(text);
+    assert_string_equal(text,
+                        ", there was a little girl named Lily. She loved to play outside "
+                        "in the park. One day,");
+    free(text);
+    httptest_resp_free(&r);
+    assert_int_equal(httptest_request(s.port, "GET", "/health", NULL, NULL, &r), 200);
+    assert_true(httptest_json_int(r.body, "n_ranks", 0) == 2);
+    httptest_resp_free(&r);
+    httptest_stop(&s, SIGTERM);
+}
+
 /* The pid rank `rank` logged (comm_open: "rank R/N: pid P") in the job's log, or 0. */
 static pid_t rank_pid(const char *log_path, int rank) {
     FILE *f = fopen(log_path, "r");
@@ -288,6 +342,9 @@ int main(void) {
         cmocka_unit_test(test_tp_generate_stories260k_prints_reference_ids),
         cmocka_unit_test(test_tp_generate_synthetic_same_ids_as_one_process),
         cmocka_unit_test(test_tp_generate_refuses_wrong_sizes),
+        cmocka_unit_test(test_pp_generate_stories260k_prints_reference_ids),
+        cmocka_unit_test(test_pp_generate_synthetic_same_ids_as_one_process),
+        cmocka_unit_test(test_pp_serve_completion_matches_one_process),
         cmocka_unit_test(test_tp_serve_completion_matches_one_process),
         cmocka_unit_test(test_tp_serve_rank_killed_ends_job),
     };
