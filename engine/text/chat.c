@@ -29,6 +29,7 @@ enum role {
     ROLE_SYSTEM,
     ROLE_USER,
     ROLE_ASSISTANT,
+    ROLE_TOOL,
     ROLE_OTHER,
 };
 
@@ -74,6 +75,7 @@ static enum role role_of(const struct chat_message *m) {
     if (strcmp(m->role, "system") == 0) return ROLE_SYSTEM;
     if (strcmp(m->role, "user") == 0) return ROLE_USER;
     if (strcmp(m->role, "assistant") == 0) return ROLE_ASSISTANT;
+    if (strcmp(m->role, "tool") == 0) return ROLE_TOOL;
     return ROLE_OTHER;
 }
 
@@ -168,6 +170,38 @@ static const char *or_empty(const char *s) {
     return s ? s : "";
 }
 
+/* A string as Jinja's tojson writes it (Python's json.dumps with
+ * ensure_ascii=False): quotes, \" \\ \n \r \t \b \f, other control
+ * characters as \u00XX, everything else as is. */
+static void append_json_string(struct buf *out, const char *s) {
+    buf_append_char(out, '"');
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        char esc[8];
+        switch (*p) {
+            case '"': buf_append_str(out, "\\\""); break;
+            case '\\': buf_append_str(out, "\\\\"); break;
+            case '\n': buf_append_str(out, "\\n"); break;
+            case '\r': buf_append_str(out, "\\r"); break;
+            case '\t': buf_append_str(out, "\\t"); break;
+            case '\b': buf_append_str(out, "\\b"); break;
+            case '\f': buf_append_str(out, "\\f"); break;
+            default:
+                if (*p < 0x20) {
+                    snprintf(esc, sizeof(esc), "\\u%04x", (unsigned)*p);
+                    buf_append_str(out, esc);
+                } else {
+                    buf_append_char(out, (char)*p);
+                }
+        }
+    }
+    buf_append_char(out, '"');
+}
+
+/* Whether message m is a tool-calling assistant turn. */
+static bool has_calls(const struct chat_message *m) {
+    return m->n_tool_calls > 0;
+}
+
 /* ---- validation --------------------------------------------------------- */
 
 static bool family_alternates(enum chat_family f) {
@@ -191,15 +225,68 @@ static bool family_alternates(enum chat_family f) {
     UNREACHABLE();
 }
 
+/* The tool rules: tools, tool calls and tool messages only for families
+ * with tools, and what those templates raise on. */
+static int validate_tools(enum chat_family f, const struct chat_message *msgs, int32_t n_msgs,
+                          const struct chat_render_params *p, char *msg, size_t msg_size) {
+    bool tools_ok = chat_family_has_tools(f);
+    if (p->n_tools > 0 && !tools_ok) {
+        set_msg(msg, msg_size, "the %s chat template does not support tools", family_names[f]);
+        return ERR_INVAL;
+    }
+    for (int32_t i = 0; i < n_msgs; i++) {
+        enum role r = role_of(&msgs[i]);
+        if (has_calls(&msgs[i]) && (!tools_ok || r != ROLE_ASSISTANT)) {
+            set_msg(msg, msg_size, "messages[%d]: %s", (int)i,
+                    tools_ok ? "only assistant messages may have tool_calls"
+                             : "this model's chat template does not support tool_calls");
+            return ERR_INVAL;
+        }
+        for (int32_t k = 0; k < msgs[i].n_tool_calls; k++) {
+            const struct chat_tool_call *c = &msgs[i].tool_calls[k];
+            if (!c->name || !c->arguments || !c->id) {
+                set_msg(msg, msg_size, "messages[%d].tool_calls[%d] needs an id, a name and "
+                        "arguments", (int)i, (int)k);
+                return ERR_INVAL;
+            }
+            if (f == CHAT_FAMILY_MISTRAL_TEKKEN && strlen(c->id) != 9) {
+                set_msg(msg, msg_size, "messages[%d].tool_calls[%d].id: the %s chat template "
+                        "needs tool call ids of 9 alphanumeric characters", (int)i, (int)k,
+                        family_names[f]);
+                return ERR_INVAL;
+            }
+        }
+        if (f == CHAT_FAMILY_LLAMA3_1 && msgs[i].n_tool_calls > 1) {
+            set_msg(msg, msg_size, "messages[%d]: the %s chat template supports one tool call "
+                    "per message", (int)i, family_names[f]);
+            return ERR_INVAL;
+        }
+        if (r == ROLE_TOOL && f == CHAT_FAMILY_MISTRAL_TEKKEN &&
+            (!msgs[i].tool_call_id || strlen(msgs[i].tool_call_id) != 9)) {
+            set_msg(msg, msg_size, "messages[%d].tool_call_id: the %s chat template needs tool "
+                    "call ids of 9 alphanumeric characters", (int)i, family_names[f]);
+            return ERR_INVAL;
+        }
+    }
+    if (f == CHAT_FAMILY_LLAMA3_1 && p->n_tools > 0 &&
+        n_msgs == (role_of(&msgs[0]) == ROLE_SYSTEM ? 1 : 0)) {
+        set_msg(msg, msg_size, "the %s chat template puts tools into the first user message, "
+                "and there is none", family_names[f]);
+        return ERR_INVAL;
+    }
+    return 0;
+}
+
 /* Checks what every family needs, then the alternation rule of the templates
  * that raise_exception() on it:
  *     {% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}raise
- * over the messages after an optional first system message. We also reject a
- * system message anywhere else (those templates either raise on it or drop it
- * silently) and a conversation with no user turn (the template would render
- * nothing but BOS, silently losing the system message). */
-static int validate(enum chat_family f, const struct chat_message *msgs, int32_t n_msgs, char *msg,
-                    size_t msg_size) {
+ * over the messages after an optional first system message (Mistral's tool
+ * template leaves tool messages and tool-calling turns out of the count). We
+ * also reject a system message anywhere else (those templates either raise on
+ * it or drop it silently) and a conversation with no user turn (the template
+ * would render nothing but BOS, silently losing the system message). */
+static int validate(enum chat_family f, const struct chat_message *msgs, int32_t n_msgs,
+                    const struct chat_render_params *p, char *msg, size_t msg_size) {
     if (!msgs || n_msgs <= 0) {
         set_msg(msg, msg_size, "messages must contain at least one message");
         return ERR_INVAL;
@@ -209,11 +296,12 @@ static int validate(enum chat_family f, const struct chat_message *msgs, int32_t
             set_msg(msg, msg_size, "messages[%d].role is missing", (int)i);
             return ERR_INVAL;
         }
-        if (role_of(&msgs[i]) == ROLE_OTHER) {
+        enum role r = role_of(&msgs[i]);
+        if (r == ROLE_OTHER || (r == ROLE_TOOL && !chat_family_has_tools(f))) {
             set_msg(msg, msg_size,
                     "messages[%d].role '%.32s' is not supported (expected system, user or "
-                    "assistant)",
-                    (int)i, msgs[i].role);
+                    "assistant%s)",
+                    (int)i, msgs[i].role, chat_family_has_tools(f) ? " or tool" : "");
             return ERR_INVAL;
         }
         if (!msgs[i].content) {
@@ -221,6 +309,8 @@ static int validate(enum chat_family f, const struct chat_message *msgs, int32_t
             return ERR_INVAL;
         }
     }
+    int err = validate_tools(f, msgs, n_msgs, p, msg, msg_size);
+    if (err) return err;
     if (!family_alternates(f)) return 0;
 
     int32_t i0 = role_of(&msgs[0]) == ROLE_SYSTEM ? 1 : 0;
@@ -233,6 +323,7 @@ static int validate(enum chat_family f, const struct chat_message *msgs, int32_t
         set_msg(msg, msg_size, "messages must contain a user message after the system message");
         return ERR_INVAL;
     }
+    int32_t k = 0;  // position among the counted messages
     for (int32_t i = i0; i < n_msgs; i++) {
         enum role r = role_of(&msgs[i]);
         if (r == ROLE_SYSTEM) {
@@ -242,7 +333,9 @@ static int validate(enum chat_family f, const struct chat_message *msgs, int32_t
                     (int)i, family_names[f]);
             return ERR_INVAL;
         }
-        enum role want = (i - i0) % 2 == 0 ? ROLE_USER : ROLE_ASSISTANT;
+        if (r == ROLE_TOOL || has_calls(&msgs[i])) continue;  // only tekken gets here
+        enum role want = k % 2 == 0 ? ROLE_USER : ROLE_ASSISTANT;
+        k++;
         if (r != want) {
             set_msg(
                 msg, msg_size,
@@ -257,31 +350,84 @@ static int validate(enum chat_family f, const struct chat_message *msgs, int32_t
 
 /* ---- renderers ---------------------------------------------------------- */
 
+#define HERMES_TOOLS_OPEN                                                                   \
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are " \
+    "provided with function signatures within <tools></tools> XML tags:\n<tools>"
+#define HERMES_TOOLS_CLOSE                                                                    \
+    "\n</tools>\n\nFor each function call, return a json object with function name and "      \
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "             \
+    "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n"
+
 /* Generic ChatML:
  *     {% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' +
  *     message['content'] + '<|im_end|>' + '\n'}}{% endfor %}
  *     {% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}
- * Qwen2.5 (no tools) first writes messages[0] if it is system, else the default
+ * Qwen2.5 first writes messages[0] if it is system, else the default
  *     '<|im_start|>system\n' QWEN2_5_DEFAULT_SYSTEM '<|im_end|>\n'
- * and its loop skips a system message only when it is loop.first. */
+ * and its loop skips a system message only when it is loop.first. With tools:
+ *     '<|im_start|>system\n' + (system content or the default)
+ *     + "\n\n" HERMES_TOOLS_OPEN + ("\n" + tool | tojson for each) + HERMES_TOOLS_CLOSE
+ * and in the loop an assistant turn with tool_calls is
+ *     '<|im_start|>assistant' + ('\n' + content if content) + for each call
+ *     '\n<tool_call>\n{"name": "' + name + '", "arguments": ' + arguments|tojson
+ *     + '}\n</tool_call>', then '<|im_end|>\n'; a run of tool messages is one
+ *     '<|im_start|>user' turn of '\n<tool_response>\n' + content + '\n</tool_response>'.
+ * Generic ChatML has no tools of its own: it takes Qwen's (the Hermes format)
+ * without the default system message ("# Tools..." starts the system turn
+ * when there is no system message). */
 static void render_chatml(const struct chat_message *msgs, int32_t n_msgs,
                           const struct chat_render_params *p, bool is_qwen, struct buf *out) {
     int32_t i0 = 0;
-    if (is_qwen) {
+    bool has_sys = role_of(&msgs[0]) == ROLE_SYSTEM;
+    if (p->n_tools > 0) {
         buf_append_str(out, "<|im_start|>system\n");
-        if (role_of(&msgs[0]) == ROLE_SYSTEM) {
-            buf_append_str(out, msgs[0].content);
-            i0 = 1;
-        } else {
-            buf_append_str(out, QWEN2_5_DEFAULT_SYSTEM);
+        if (has_sys || is_qwen) {
+            buf_append_str(out, has_sys ? msgs[0].content : QWEN2_5_DEFAULT_SYSTEM);
+            buf_append_str(out, "\n\n");
         }
+        buf_append_str(out, HERMES_TOOLS_OPEN);
+        for (int32_t t = 0; t < p->n_tools; t++) {
+            buf_append_char(out, '\n');
+            buf_append_str(out, p->tools[t].json);
+        }
+        buf_append_str(out, HERMES_TOOLS_CLOSE);
+        i0 = has_sys ? 1 : 0;
+    } else if (is_qwen) {
+        buf_append_str(out, "<|im_start|>system\n");
+        buf_append_str(out, has_sys ? msgs[0].content : QWEN2_5_DEFAULT_SYSTEM);
         buf_append_str(out, "<|im_end|>\n");
+        i0 = has_sys ? 1 : 0;
     }
     for (int32_t i = i0; i < n_msgs; i++) {
+        const struct chat_message *m = &msgs[i];
+        if (role_of(m) == ROLE_TOOL) {
+            if (i == 0 || role_of(&msgs[i - 1]) != ROLE_TOOL) buf_append_str(out, "<|im_start|>user");
+            buf_append_str(out, "\n<tool_response>\n");
+            buf_append_str(out, m->content);
+            buf_append_str(out, "\n</tool_response>");
+            if (i == n_msgs - 1 || role_of(&msgs[i + 1]) != ROLE_TOOL) buf_append_str(out, "<|im_end|>\n");
+            continue;
+        }
+        if (has_calls(m)) {
+            buf_append_str(out, "<|im_start|>assistant");
+            if (m->content[0]) {
+                buf_append_char(out, '\n');
+                buf_append_str(out, m->content);
+            }
+            for (int32_t k = 0; k < m->n_tool_calls; k++) {
+                buf_append_str(out, "\n<tool_call>\n{\"name\": \"");
+                buf_append_str(out, m->tool_calls[k].name);
+                buf_append_str(out, "\", \"arguments\": ");
+                buf_append_str(out, m->tool_calls[k].arguments);
+                buf_append_str(out, "}\n</tool_call>");
+            }
+            buf_append_str(out, "<|im_end|>\n");
+            continue;
+        }
         buf_append_str(out, "<|im_start|>");
-        buf_append_str(out, msgs[i].role);
+        buf_append_str(out, m->role);
         buf_append_char(out, '\n');
-        buf_append_str(out, msgs[i].content);
+        buf_append_str(out, m->content);
         buf_append_str(out, "<|im_end|>\n");
     }
     if (p->add_generation_prompt) buf_append_str(out, "<|im_start|>assistant\n");
@@ -298,19 +444,33 @@ static void append_llama3_turn(struct buf *out, const char *role, const char *co
 /* Llama 3.0: every message is
  *     '<|start_header_id|>' + role + '<|end_header_id|>\n\n' + content | trim + '<|eot_id|>'
  * with bos_token before the first one; then the assistant header.
- * Llama 3.1 (no tools, no builtin_tools):
+ * Llama 3.1 (no builtin_tools; tools_in_user_message left at its default, true):
  *     {{- bos_token }}
  *     system_message = messages[0]['content']|trim if it is system (and is removed), else ""
  *     "<|start_header_id|>system<|end_header_id|>\n\n"
+ *     ["Environment: ipython\n" with tools]
  *     "Cutting Knowledge Date: December 2023\n" "Today Date: " + date_string + "\n\n"
  *     system_message "<|eot_id|>"
- * then the loop as in 3.0 (a later system message keeps its role). */
+ * with tools, the first remaining message (whatever its role) is taken out and becomes
+ *     '<|start_header_id|>user<|end_header_id|>\n\n' LLAMA3_1_TOOLS_INTRO
+ *     + (t | tojson(indent=4) + "\n\n" for each tool) + its content|trim + "<|eot_id|>"
+ * then the loop as in 3.0 (a later system message keeps its role), except that
+ * a turn with tool_calls (one) is the assistant header + '{"name": "' + name
+ * + '", "parameters": ' + arguments|tojson + "}" + "<|eot_id|>", and a tool
+ * message is '<|start_header_id|>ipython<|end_header_id|>\n\n' + content|tojson
+ * (`content is iterable` holds for a string) + "<|eot_id|>". */
+#define LLAMA3_1_TOOLS_INTRO                                                                   \
+    "Given the following functions, please respond with a JSON for a function call with its " \
+    "proper arguments that best answers the given prompt.\n\nRespond in the format "          \
+    "{\"name\": function name, \"parameters\": dictionary of argument name and its value}.Do " \
+    "not use variables.\n\n"
 static void render_llama3(const struct chat_message *msgs, int32_t n_msgs,
                           const struct chat_render_params *p, bool is_3_1, struct buf *out) {
     buf_append_str(out, or_empty(p->bos_text));
     int32_t i0 = 0;
     if (is_3_1) {
         buf_append_str(out, "<|start_header_id|>system<|end_header_id|>\n\n");
+        if (p->n_tools > 0) buf_append_str(out, "Environment: ipython\n");
         buf_append_str(out, "Cutting Knowledge Date: December 2023\n");
         buf_append_str(out, "Today Date: ");
         buf_append_str(out, p->date_string ? p->date_string : LLAMA3_1_DEFAULT_DATE);
@@ -320,8 +480,35 @@ static void render_llama3(const struct chat_message *msgs, int32_t n_msgs,
             i0 = 1;
         }
         buf_append_str(out, "<|eot_id|>");
+        if (p->n_tools > 0) {  // validate() made sure a message is left
+            buf_append_str(out, "<|start_header_id|>user<|end_header_id|>\n\n");
+            buf_append_str(out, LLAMA3_1_TOOLS_INTRO);
+            for (int32_t t = 0; t < p->n_tools; t++) {
+                buf_append_str(out, p->tools[t].json_indent4);
+                buf_append_str(out, "\n\n");
+            }
+            append_trimmed_str(out, msgs[i0].content);
+            buf_append_str(out, "<|eot_id|>");
+            i0++;
+        }
     }
-    for (int32_t i = i0; i < n_msgs; i++) append_llama3_turn(out, msgs[i].role, msgs[i].content);
+    for (int32_t i = i0; i < n_msgs; i++) {
+        const struct chat_message *m = &msgs[i];
+        if (has_calls(m)) {
+            buf_append_str(out, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+            buf_append_str(out, "{\"name\": \"");
+            buf_append_str(out, m->tool_calls[0].name);
+            buf_append_str(out, "\", \"parameters\": ");
+            buf_append_str(out, m->tool_calls[0].arguments);
+            buf_append_str(out, "}<|eot_id|>");
+        } else if (role_of(m) == ROLE_TOOL) {
+            buf_append_str(out, "<|start_header_id|>ipython<|end_header_id|>\n\n");
+            append_json_string(out, m->content);
+            buf_append_str(out, "<|eot_id|>");
+        } else {
+            append_llama3_turn(out, m->role, m->content);
+        }
+    }
     if (p->add_generation_prompt)
         buf_append_str(out, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
@@ -371,7 +558,58 @@ static void render_llama2(const struct chat_message *msgs, int32_t n_msgs,
  *     user, loop.last with system:  "[INST]" + system_message + "\n\n" + content + "[/INST]"
  *     user otherwise:               "[INST]" + content + "[/INST]"
  *     assistant:                    content + eos_token
- * (so Nemo drops the system message when the last message is an assistant's). */
+ * (so Nemo drops the system message when the last message is an assistant's).
+ * Nemo's tools go before the last user message (every user message equal to
+ * it: the template compares with ==):
+ *     "[AVAILABLE_TOOLS][" + for each tool '{"type": "function", "function": {'
+ *     + its function's members but "return" ('"key": "value"' for a string value,
+ *     '"key": ' + value|tojson otherwise) joined by ", " + "}}", joined by ", "
+ *     + "][/AVAILABLE_TOOLS]"
+ * a turn with tool_calls is "[TOOL_CALLS][" + for each call
+ *     tool_call.function|tojson minus its "}" + ', "id": "' + id + '"}', joined
+ *     by ", " + "]" + eos_token
+ * and a tool message '[TOOL_RESULTS]{"content": ' + content + ', "call_id": "'
+ * + tool_call_id + '"}[/TOOL_RESULTS]'. */
+static void render_mistral_tools(const struct chat_render_params *p, struct buf *out) {
+    buf_append_str(out, "[AVAILABLE_TOOLS][");
+    for (int32_t t = 0; t < p->n_tools; t++) {
+        const struct chat_tool *tool = &p->tools[t];
+        buf_append_str(out, "{\"type\": \"function\", \"function\": {");
+        bool first = true;
+        for (int32_t k = 0; k < tool->n_members; k++) {
+            const struct chat_tool_member *m = &tool->members[k];
+            if (strcmp(m->key, "return") == 0) continue;
+            if (!first) buf_append_str(out, ", ");
+            first = false;
+            buf_append_char(out, '"');
+            buf_append_str(out, m->key);
+            buf_append_str(out, m->is_string ? "\": \"" : "\": ");
+            buf_append_str(out, m->value);
+            if (m->is_string) buf_append_char(out, '"');
+        }
+        buf_append_str(out, "}}");
+        buf_append_str(out, t + 1 < p->n_tools ? ", " : "]");
+    }
+    buf_append_str(out, "[/AVAILABLE_TOOLS]");
+}
+
+static void render_mistral_calls(const struct chat_message *m, const struct chat_render_params *p,
+                                 struct buf *out) {
+    buf_append_str(out, "[TOOL_CALLS][");
+    for (int32_t k = 0; k < m->n_tool_calls; k++) {
+        buf_append_str(out, "{\"name\": \"");
+        buf_append_str(out, m->tool_calls[k].name);
+        buf_append_str(out, "\", \"arguments\": ");
+        buf_append_str(out, m->tool_calls[k].arguments);
+        buf_append_str(out, ", \"id\": \"");
+        buf_append_str(out, m->tool_calls[k].id);
+        buf_append_str(out, "\"}");
+        if (k + 1 < m->n_tool_calls) buf_append_str(out, ", ");
+    }
+    buf_append_str(out, "]");
+    buf_append_str(out, or_empty(p->eos_text));
+}
+
 static void render_mistral(enum chat_family f, const struct chat_message *msgs, int32_t n_msgs,
                            const struct chat_render_params *p, struct buf *out) {
     int32_t i0 = role_of(&msgs[0]) == ROLE_SYSTEM ? 1 : 0;
@@ -381,9 +619,17 @@ static void render_mistral(enum chat_family f, const struct chat_message *msgs, 
                                                               : "[INST]";
     const char *inst_close = f == CHAT_FAMILY_MISTRAL_TEKKEN ? "[/INST]" : " [/INST]";
     const char *asst_prefix = f == CHAT_FAMILY_MISTRAL_V1 ? " " : "";
+    const char *last_user = NULL;
+    for (int32_t i = i0; i < n_msgs; i++) {
+        if (role_of(&msgs[i]) == ROLE_USER) last_user = msgs[i].content;
+    }
     buf_append_str(out, or_empty(p->bos_text));
     for (int32_t i = i0; i < n_msgs; i++) {
-        if (role_of(&msgs[i]) == ROLE_USER) {
+        enum role r = role_of(&msgs[i]);
+        if (r == ROLE_USER) {
+            if (p->n_tools > 0 && strcmp(msgs[i].content, last_user) == 0) {
+                render_mistral_tools(p, out);
+            }
             bool with_sys = sys && ((f == CHAT_FAMILY_MISTRAL_V1 && i == i0) ||
                                     (f == CHAT_FAMILY_MISTRAL_TEKKEN && i == n_msgs - 1));
             buf_append_str(out, inst_open);
@@ -393,6 +639,14 @@ static void render_mistral(enum chat_family f, const struct chat_message *msgs, 
             }
             buf_append_str(out, msgs[i].content);
             buf_append_str(out, inst_close);
+        } else if (has_calls(&msgs[i])) {
+            render_mistral_calls(&msgs[i], p, out);
+        } else if (r == ROLE_TOOL) {
+            buf_append_str(out, "[TOOL_RESULTS]{\"content\": ");
+            buf_append_str(out, msgs[i].content);
+            buf_append_str(out, ", \"call_id\": \"");
+            buf_append_str(out, msgs[i].tool_call_id);
+            buf_append_str(out, "\"}[/TOOL_RESULTS]");
         } else {
             buf_append_str(out, asst_prefix);
             buf_append_str(out, msgs[i].content);
@@ -500,8 +754,76 @@ struct chat_render_params chat_render_default_params(void) {
         .eos_text = NULL,
         .add_generation_prompt = true,
         .date_string = NULL,
+        .tools = NULL,
+        .n_tools = 0,
     };
     return p;
+}
+
+bool chat_family_has_tools(enum chat_family f) {
+    return f == CHAT_FAMILY_CHATML || f == CHAT_FAMILY_QWEN2_5 || f == CHAT_FAMILY_LLAMA3_1 ||
+           f == CHAT_FAMILY_MISTRAL_TEKKEN;
+}
+
+/* What each template renders for an assistant turn's tool_calls (see the
+ * renderers above), which is also what its instructions ask the model for. */
+int chat_tool_syntax(enum chat_family f, struct chat_tool_syntax *out) {
+    static const struct chat_tool_syntax hermes = {
+        .trigger = "<tool_call>",
+        .list_open = "",
+        .call_open = "<tool_call>\n",
+        .call_close = "\n</tool_call>",
+        .separator = "\n",
+        .list_close = "",
+        .args_key = "arguments",
+        .parallel = true,
+        .short_ids = false,
+    };
+    static const struct chat_tool_syntax llama3_1 = {
+        .trigger = "{\"name\": \"",
+        .list_open = "",
+        .call_open = "",
+        .call_close = "",
+        .separator = "",
+        .list_close = "",
+        .args_key = "parameters",
+        .parallel = false,
+        .short_ids = false,
+    };
+    static const struct chat_tool_syntax mistral = {
+        .trigger = "[TOOL_CALLS]",
+        .list_open = "[TOOL_CALLS][",
+        .call_open = "",
+        .call_close = "",
+        .separator = ", ",
+        .list_close = "]",
+        .args_key = "arguments",
+        .parallel = true,
+        .short_ids = true,
+    };
+    switch (f) {
+        case CHAT_FAMILY_CHATML:
+        case CHAT_FAMILY_QWEN2_5:
+            *out = hermes;
+            return 0;
+        case CHAT_FAMILY_LLAMA3_1:
+            *out = llama3_1;
+            return 0;
+        case CHAT_FAMILY_MISTRAL_TEKKEN:
+            *out = mistral;
+            return 0;
+        case CHAT_FAMILY_LLAMA3:
+        case CHAT_FAMILY_LLAMA2:
+        case CHAT_FAMILY_MISTRAL_LEGACY:
+        case CHAT_FAMILY_MISTRAL_V1:
+        case CHAT_FAMILY_PHI3:
+        case CHAT_FAMILY_GEMMA:
+        case CHAT_FAMILY_ZEPHYR:
+        case CHAT_FAMILY_DEEPSEEK_R1:
+        case CHAT_FAMILY_COUNT:
+            break;
+    }
+    return ERR_UNSUPPORTED;
 }
 
 const char *chat_family_name(enum chat_family f) {
@@ -610,7 +932,7 @@ int chat_render(enum chat_family f, const struct chat_message *msgs, int32_t n_m
     ASSERT(out);
     struct chat_render_params defaults = chat_render_default_params();
     const struct chat_render_params *p = params ? params : &defaults;
-    int err = validate(f, msgs, n_msgs, msg, msg_size);
+    int err = validate(f, msgs, n_msgs, p, msg, msg_size);
     if (err) {
         LOG_DEBUG("render %s: %s", family_names[f], msg ? msg : err_str(err));
         return err;
@@ -664,7 +986,7 @@ void chat_reply_prefix(enum chat_family f, const struct chat_render_params *para
     out[0] = '\0';
     // What the template writes between the generation prompt and a reply:
     // render a conversation without and with one, and read the bytes between.
-    struct chat_message msgs[] = {{"user", "u"}, {"assistant", "x"}};
+    struct chat_message msgs[] = {{.role = "user", .content = "u"}, {.role = "assistant", .content = "x"}};
     struct chat_render_params p = *params;
     struct buf open = {0}, done = {0};
     p.add_generation_prompt = true;

@@ -2,7 +2,8 @@
  * chat.h - OpenAI-style chat messages -> one prompt string, the way the
  * model's own chat template (tokenizer.chat_template, a Jinja program) would
  * render it with Hugging Face's apply_chat_template (trim_blocks and
- * lstrip_blocks on, no tools).
+ * lstrip_blocks on), tools and tool calls included for the families whose
+ * templates define them (chat_family_has_tools()).
  *
  * There is no Jinja interpreter here. chat_detect() recognises the template's
  * family by distinctive markers, and chat_render() is a hand-written renderer
@@ -53,11 +54,60 @@ enum chat_family {
  * This is the only fallback; an unrecognised template is an error. */
 #define CHAT_FAMILY_FALLBACK CHAT_FAMILY_CHATML
 
-/* One message. Both strings are borrowed, NUL-terminated; content is passed
+/* One call of an assistant message (OpenAI's message.tool_calls[i]). The
+ * engine knows no JSON: arguments come as the text Jinja's tojson filter
+ * writes for the parsed arguments object (Python's json.dumps: ", " and ": "
+ * separators, UTF-8 kept), which the server produces. */
+struct chat_tool_call {
+    const char *id;         // the call's id (Mistral's template wants 9 alphanumerics)
+    const char *name;       // the function's name
+    const char *arguments;  // the arguments object as tojson writes it
+};
+
+/* One message. Strings are borrowed, NUL-terminated; content is passed
  * through unchanged (any UTF-8) except where the template trims it. */
 struct chat_message {
-    const char *role;  // "system", "user" or "assistant"
+    const char *role;                         // "system", "user", "assistant" or "tool"
     const char *content;
+    const struct chat_tool_call *tool_calls;  // [n_tool_calls], assistant messages only
+    int32_t n_tool_calls;
+    const char *tool_call_id;                 // role "tool": the call it answers (or NULL)
+};
+
+/* A member of a tool's "function" object, as Mistral's template writes it:
+ * a string value raw, anything else as tojson text. */
+struct chat_tool_member {
+    const char *key;
+    const char *value;  // the raw string (is_string) or the value's tojson text
+    bool is_string;
+};
+
+/* One entry of the request's tools (OpenAI's {"type": "function",
+ * "function": {"name", "description", "parameters"}}), serialised by the
+ * server the ways the templates print it. */
+struct chat_tool {
+    const char *json;                        // tojson(tool): {"type": "function", ...}
+    const char *json_indent4;                // tojson(tool, indent=4)
+    const struct chat_tool_member *members;  // [n_members] of tool.function, in order
+    int32_t n_members;
+};
+
+/* How a family's model writes tool calls (what its template renders for an
+ * assistant message's tool_calls, and its instructions ask for). Every call
+ * is call_open + {"name": "NAME", "ARGS_KEY": ARGUMENTS} + call_close; the
+ * calls stand between list_open and list_close, separated by separator. The
+ * output text of a turn with calls starts them with trigger (a prefix of
+ * list_open + call_open + "{\"name\": \""). All strings static. */
+struct chat_tool_syntax {
+    const char *trigger;     // "<tool_call>", "[TOOL_CALLS]", "{\"name\": \""
+    const char *list_open;   // before the first call ("[TOOL_CALLS][" or "")
+    const char *call_open;   // before each call's object ("<tool_call>\n" or "")
+    const char *call_close;  // after each call's object ("\n</tool_call>" or "")
+    const char *separator;   // between calls
+    const char *list_close;  // after the last call ("]" or "")
+    const char *args_key;    // "arguments" or "parameters" (Llama 3.1)
+    bool parallel;           // more than one call in a turn (Llama 3.1's template: one)
+    bool short_ids;          // call ids are 9 alphanumerics (Mistral's template raises else)
 };
 
 struct chat_render_params {
@@ -67,9 +117,11 @@ struct chat_render_params {
     bool add_generation_prompt;  // open an assistant turn at the end (families that have one)
     const char *date_string;     // Llama 3.1's "Today Date: "; NULL: the template's default
                                  // "26 Jul 2024"
+    const struct chat_tool *tools;  // [n_tools] the functions offered; NULL/0: none
+    int32_t n_tools;
 };
 
-/* bos_text = eos_text = date_string = NULL, add_generation_prompt = true. */
+/* bos_text = eos_text = date_string = NULL, add_generation_prompt = true, no tools. */
 struct chat_render_params chat_render_default_params(void);
 
 /* Recognises the family of a chat template (len bytes, need not be
@@ -93,6 +145,16 @@ int chat_family_parse(const char *name, enum chat_family *out);
  * prompt (so the tokenizer must not add another BOS). */
 bool chat_family_has_bos(enum chat_family f);
 
+/* True when family f's template puts tools into the prompt and renders tool
+ * calls and tool results: chatml (as Qwen 2.5 / Hermes do, without Qwen's
+ * default system message: generic ChatML templates define no tools),
+ * qwen2.5, llama3.1 and mistral-v3-tekken. */
+bool chat_family_has_tools(enum chat_family f);
+
+/* The tool-call syntax of family f into *out. Returns 0, or ERR_UNSUPPORTED
+ * when the family has none (chat_family_has_tools() is false). */
+int chat_tool_syntax(enum chat_family f, struct chat_tool_syntax *out);
+
 /* Renders n_msgs messages as family f's template does and appends the prompt to
  * out (out is borrowed; a zeroed struct buf is fine).
  *
@@ -107,8 +169,11 @@ bool chat_family_has_bos(enum chat_family f);
  *
  * Returns 0, or ERR_INVAL when the messages cannot be rendered, with a
  * client-facing reason in msg (msg_size bytes, NUL-terminated, may be NULL):
- * no messages, a NULL role or content, a role other than system/user/assistant,
- * or a role order the template rejects (llama2, mistral-*, gemma: an optional
+ * no messages, a NULL role or content, a role other than system/user/assistant
+ * (or tool, for families with tools), tools, tool calls or tool messages for
+ * a family without them, what a family's template raises on (Llama 3.1: more
+ * than one call in a message, tools and no message after the system one;
+ * Mistral: call ids that are not 9 characters), or a role order the template rejects (llama2, mistral-*, gemma: an optional
  * first system message, then user/assistant alternating from user, at least
  * one user message; mistral-legacy: no system message at all).
  * Gemma: the real Gemma 2 template raises on any system message; we instead

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "engine/base/buf.h"
@@ -32,10 +33,10 @@
 #define N_OF(a) ((int32_t)(sizeof(a) / sizeof((a)[0])))
 
 static const struct chat_message conv_sys[] = {
-    {"system", "You are terse."},
-    {"user", "Hello!"},
-    {"assistant", "Hi there."},
-    {"user", "  What is 2+2?\n"},
+    {.role = "system", .content = "You are terse."},
+    {.role = "user", .content = "Hello!"},
+    {.role = "assistant", .content = "Hi there."},
+    {.role = "user", .content = "  What is 2+2?\n"},
 };
 
 // conv_sys without its system message
@@ -302,7 +303,7 @@ static void test_chat_render_chatml(void **state) {
                  "<|im_start|>user\n  What is 2+2?\n<|im_end|>\n",
                  false);
     // any role order is fine for ChatML
-    static const struct chat_message two_users[] = {{"user", "a"}, {"user", "b"}};
+    static const struct chat_message two_users[] = {{.role = "user", .content = "a"}, {.role = "user", .content = "b"}};
     check_render(CHAT_FAMILY_CHATML, two_users, 2, &p,
                  "<|im_start|>user\na<|im_end|>\n<|im_start|>user\nb<|im_end|>\n", false);
 }
@@ -331,7 +332,7 @@ static void test_chat_render_qwen2_5(void **state) {
                  false);
     p.add_generation_prompt = false;
     // a later system message is rendered where it stands (system and not loop.first)
-    static const struct chat_message late_sys[] = {{"user", "u"}, {"system", "s"}};
+    static const struct chat_message late_sys[] = {{.role = "user", .content = "u"}, {.role = "system", .content = "s"}};
     check_render(CHAT_FAMILY_QWEN2_5, late_sys, 2, &p,
                  "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
                  "assistant.<|im_end|>\n"
@@ -367,7 +368,7 @@ static void test_chat_render_llama3_1(void **state) {
                  "<|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>",
                  true);
     // the system message is trimmed too (messages[0]['content']|trim)
-    static const struct chat_message sys_ws[] = {{"system", " \n S \n"}, {"user", "u"}};
+    static const struct chat_message sys_ws[] = {{.role = "system", .content = " \n S \n"}, {.role = "user", .content = "u"}};
     p.date_string = NULL;
     check_render(CHAT_FAMILY_LLAMA3_1, sys_ws, 2, &p,
                  "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
@@ -413,7 +414,7 @@ static void test_chat_render_llama2(void **state) {
                  "<s>[INST] Hello! [/INST] Hi there. </s><s>[INST] What is 2+2? [/INST]", true);
     // .strip() applies to the joined system+user text: an all-blank user message
     // lets it eat the "\n\n" after <</SYS>>
-    static const struct chat_message blank[] = {{"system", "S"}, {"user", " \n "}};
+    static const struct chat_message blank[] = {{.role = "system", .content = "S"}, {.role = "user", .content = " \n "}};
     check_render(CHAT_FAMILY_LLAMA2, blank, 2, &p, "<s>[INST] <<SYS>>\nS\n<</SYS>> [/INST]", true);
 }
 
@@ -476,7 +477,7 @@ static void test_chat_render_phi3(void **state) {
                  "<|user|>\n  What is 2+2?\n<|end|>\n<|endoftext|>",
                  false);
     // an empty system message is falsy in Jinja: skipped
-    static const struct chat_message empty_sys[] = {{"system", ""}, {"user", "u"}};
+    static const struct chat_message empty_sys[] = {{.role = "system", .content = ""}, {.role = "user", .content = "u"}};
     p.add_generation_prompt = true;
     check_render(CHAT_FAMILY_PHI3, empty_sys, 2, &p, "<|user|>\nu<|end|>\n<|assistant|>\n", false);
 }
@@ -535,10 +536,10 @@ static void test_chat_render_deepseek_r1(void **state) {
                  true);
     // reasoning before the last </think> is dropped; the last system message wins
     static const struct chat_message think[] = {
-        {"system", "first"},
-        {"user", "q"},
-        {"assistant", "<think>a</think>b</think>\nanswer"},
-        {"system", "second"},
+        {.role = "system", .content = "first"},
+        {.role = "user", .content = "q"},
+        {.role = "assistant", .content = "<think>a</think>b</think>\nanswer"},
+        {.role = "system", .content = "second"},
     };
     check_render(CHAT_FAMILY_DEEPSEEK_R1, think, 4, &p,
                  DS_BOS "second" DS_USER "q" DS_ASSISTANT "\nanswer" DS_EOS, true);
@@ -570,7 +571,7 @@ static void test_chat_reply_prefix(void **state) {
 static void test_chat_render_utf8(void **state) {
     (void)state;
     // multi-byte content passes through untouched where nothing trims
-    static const struct chat_message m[] = {{"user", "héllo 世界 🦙\xe3\x80\x80"}};
+    static const struct chat_message m[] = {{.role = "user", .content = "héllo 世界 🦙\xe3\x80\x80"}};
     struct chat_render_params p = params(NULL, NULL, true);
     check_render(
         CHAT_FAMILY_CHATML, m, 1, &p,
@@ -579,9 +580,9 @@ static void test_chat_render_utf8(void **state) {
     // | trim strips Python's Unicode whitespace (U+3000, U+00A0, U+2028, U+0085) but
     // not other multi-byte characters (U+3001) nor invalid bytes
     static const struct chat_message ws[] = {
-        {"user", "\xe3\x80\x80\xc2\xa0 hi\xe2\x80\xa8\xc2\x85"},
-        {"assistant", "\xe3\x80\x81ok\xe3\x80\x81"},
-        {"user", "\xff x \xff"},
+        {.role = "user", .content = "\xe3\x80\x80\xc2\xa0 hi\xe2\x80\xa8\xc2\x85"},
+        {.role = "assistant", .content = "\xe3\x80\x81ok\xe3\x80\x81"},
+        {.role = "user", .content = "\xff x \xff"},
     };
     p = params("<bos>", NULL, false);
     check_render(CHAT_FAMILY_GEMMA, ws, 3, &p,
@@ -590,7 +591,7 @@ static void test_chat_render_utf8(void **state) {
                  "<start_of_turn>user\n\xff x \xff<end_of_turn>\n",
                  true);
     // an all-whitespace message trims to nothing
-    static const struct chat_message blank[] = {{"user", " \t\r\n\xe2\x80\x83"}};
+    static const struct chat_message blank[] = {{.role = "user", .content = " \t\r\n\xe2\x80\x83"}};
     check_render(CHAT_FAMILY_LLAMA3, blank, 1, &p,
                  "<bos><|start_header_id|>user<|end_header_id|>\n\n<|eot_id|>", true);
 }
@@ -600,7 +601,7 @@ static void test_chat_render_appends_and_defaults(void **state) {
     // appends to what out holds; NULL params means chat_render_default_params()
     struct buf out = {0};
     buf_append_str(&out, "X");
-    static const struct chat_message m[] = {{"user", "u"}};
+    static const struct chat_message m[] = {{.role = "user", .content = "u"}};
     assert_int_equal(chat_render(CHAT_FAMILY_CHATML, m, 1, NULL, &out, NULL, NULL, 0), 0);
     assert_string_equal(out.data, "X<|im_start|>user\nu<|im_end|>\n<|im_start|>assistant\n");
     buf_free(&out);
@@ -619,16 +620,18 @@ static void test_chat_render_appends_and_defaults(void **state) {
 
 static void test_chat_render_rejects(void **state) {
     (void)state;
-    static const struct chat_message tool[] = {{"user", "u"}, {"tool", "t"}};
-    static const struct chat_message null_content[] = {{"user", NULL}};
-    static const struct chat_message null_role[] = {{NULL, "x"}};
-    static const struct chat_message two_users[] = {{"user", "a"}, {"user", "b"}};
-    static const struct chat_message asst_first[] = {{"assistant", "a"}, {"user", "b"}};
-    static const struct chat_message late_sys[] = {{"user", "a"}, {"system", "s"}};
-    static const struct chat_message sys_only[] = {{"system", "s"}};
-    static const struct chat_message sys_asst[] = {{"system", "s"}, {"assistant", "a"}};
+    static const struct chat_message tool[] = {{.role = "user", .content = "u"},
+                                               {.role = "tool", .content = "t"}};
+    static const struct chat_message null_content[] = {{.role = "user", .content = NULL}};
+    static const struct chat_message null_role[] = {{.role = NULL, .content = "x"}};
+    static const struct chat_message two_users[] = {{.role = "user", .content = "a"}, {.role = "user", .content = "b"}};
+    static const struct chat_message asst_first[] = {{.role = "assistant", .content = "a"}, {.role = "user", .content = "b"}};
+    static const struct chat_message late_sys[] = {{.role = "user", .content = "a"}, {.role = "system", .content = "s"}};
+    static const struct chat_message sys_only[] = {{.role = "system", .content = "s"}};
+    static const struct chat_message sys_asst[] = {{.role = "system", .content = "s"}, {.role = "assistant", .content = "a"}};
     for (int f = 0; f < CHAT_FAMILY_COUNT; f++) {
-        check_reject((enum chat_family)f, tool, 2, "'tool'");
+        if (!chat_family_has_tools((enum chat_family)f))
+            check_reject((enum chat_family)f, tool, 2, "'tool'");
         check_reject((enum chat_family)f, null_content, 1, "messages[0].content");
         check_reject((enum chat_family)f, null_role, 1, "messages[0].role");
         check_reject((enum chat_family)f, NULL, 0, "at least one");
@@ -669,6 +672,261 @@ static void test_chat_render_rejects(void **state) {
     assert_null(out.data);
 }
 
+/* ---- tools -------------------------------------------------------------- */
+
+/* One tool, serialised as a server does for the templates (tojson, tojson
+ * with indent 4, Mistral's per-member text). */
+static const struct chat_tool_member weather_members[] = {
+    {.key = "name", .value = "get_weather", .is_string = true},
+    {.key = "description", .value = "Get the \"weather\"", .is_string = true},
+    {.key = "parameters",
+     .value = "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}, "
+              "\"required\": [\"city\"]}",
+     .is_string = false},
+};
+static const struct chat_tool weather_tool = {
+    .json = "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": "
+            "\"Get the \\\"weather\\\"\", \"parameters\": {\"type\": \"object\", \"properties\": "
+            "{\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}}",
+    .json_indent4 = "{\n    \"type\": \"function\",\n    \"function\": {\n        \"name\": "
+                    "\"get_weather\",\n        \"description\": \"Get the \\\"weather\\\"\",\n"
+                    "        \"parameters\": {\n            \"type\": \"object\",\n"
+                    "            \"properties\": {\n                \"city\": {\n"
+                    "                    \"type\": \"string\"\n                }\n"
+                    "            },\n            \"required\": [\n                \"city\"\n"
+                    "            ]\n        }\n    }\n}",
+    .members = weather_members,
+    .n_members = 3,
+};
+#define WEATHER_TOOL_JSON                                                                 \
+    "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":"      \
+    "\"Get the \\\"weather\\\"\",\"parameters\":{\"type\":\"object\",\"properties\":"      \
+    "{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]}}}"
+
+static const struct chat_tool_call paris_calls[] = {
+    {.id = "abcdefghi", .name = "get_weather", .arguments = "{\"city\": \"Paris\", \"n\": 2}"},
+    {.id = "bcdefghij", .name = "get_weather", .arguments = "{\"city\": \"Caf\xc3\xa9\\n\"}"},
+};
+#define PARIS_CALLS_JSON(n_calls)                                                          \
+    "\"tool_calls\":[{\"id\":\"abcdefghi\",\"type\":\"function\",\"function\":{\"name\":" \
+    "\"get_weather\",\"arguments\":{\"city\":\"Paris\",\"n\":2}}}"                         \
+    "%s]"
+#define SECOND_CALL_JSON                                                                   \
+    ",{\"id\":\"bcdefghij\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\"," \
+    "\"arguments\":{\"city\":\"Caf\xc3\xa9\\n\"}}}"
+
+/* Renders the case (JSON, as the template sees it) with the real template
+ * through scripts/render-chat-template (jinja2, as transformers renders) and
+ * compares with chat_render() of the same conversation. */
+static void check_against_jinja(const char *template_file, const char *case_json,
+                                enum chat_family f, const struct chat_message *msgs, int32_t n,
+                                const struct chat_render_params *p) {
+    char path[4096], case_path[4096], out_path[4096], cmd[16384];
+    snprintf(path, sizeof(path), "%s/models/templates/%s", testutil_shared_dir(), template_file);
+    snprintf(case_path, sizeof(case_path), "%s/chat-case-%d.json", testutil_build_dir(),
+             (int)getpid());
+    snprintf(out_path, sizeof(out_path), "%s/chat-case-%d.out", testutil_build_dir(),
+             (int)getpid());
+    FILE *fp = fopen(case_path, "w");
+    assert_non_null(fp);
+    fputs(case_json, fp);
+    fclose(fp);
+    snprintf(cmd, sizeof(cmd), "%s/scripts/render-chat-template %s < %s > %s",
+             testutil_source_dir(), path, case_path, out_path);
+    assert_int_equal(testutil_system(cmd), 0);
+    size_t len = 0;
+    char *want = testutil_read_file(out_path, &len);
+    assert_non_null(want);
+    remove(case_path);
+    remove(out_path);
+    struct buf out = {0};
+    char msg[256] = "";
+    int err = chat_render(f, msgs, n, p, &out, NULL, msg, sizeof(msg));
+    if (err) print_message("chat_render(%s): %s\n", chat_family_name(f), msg);
+    assert_int_equal(err, 0);
+    if (out.len != len || memcmp(out.data, want, len) != 0)
+        print_message("jinja:\n%s\n--- ours:\n%s\n", want, out.data);
+    assert_int_equal(out.len, len);
+    assert_memory_equal(out.data, want, len);
+    free(want);
+    buf_free(&out);
+}
+
+static bool have_jinja_oracle(void) {
+    const char *shared = testutil_shared_dir();
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/models/templates", shared ? shared : "/nonexistent");
+    if (!shared || !testutil_exists(path)) {
+        print_message("skipped: ../shared/models/templates is absent\n");
+        return false;
+    }
+    if (testutil_system("/usr/bin/python3 -c 'import jinja2' 2>/dev/null") != 0) {
+        print_message("skipped: python3-jinja2 is missing (scripts/setup installs it)\n");
+        return false;
+    }
+    return true;
+}
+
+/* Qwen 2.5 and Llama 3.1: tools, a call, its result, a follow-up. */
+static void test_chat_render_tools_match_jinja(void **state) {
+    (void)state;
+    if (!have_jinja_oracle()) skip();
+    const struct chat_message msgs[] = {
+        {.role = "system", .content = " Be brief. "},
+        {.role = "user", .content = "Weather in Paris?"},
+        {.role = "assistant", .content = "", .tool_calls = paris_calls, .n_tool_calls = 1},
+        {.role = "tool", .content = "{\"temp\": 21}", .tool_call_id = "abcdefghi"},
+        {.role = "user", .content = "thanks"},
+    };
+    char case_json[8192];
+    snprintf(case_json, sizeof(case_json),
+             "{\"bos_token\":\"<s>\",\"eos_token\":\"</s>\",\"add_generation_prompt\":true,"
+             "\"tools\":[" WEATHER_TOOL_JSON "],\"messages\":["
+             "{\"role\":\"system\",\"content\":\" Be brief. \"},"
+             "{\"role\":\"user\",\"content\":\"Weather in Paris?\"},"
+             "{\"role\":\"assistant\",\"content\":\"\"," PARIS_CALLS_JSON(1) "},"
+             "{\"role\":\"tool\",\"tool_call_id\":\"abcdefghi\",\"content\":\"{\\\"temp\\\": 21}\"},"
+             "{\"role\":\"user\",\"content\":\"thanks\"}]}",
+             "");
+    struct chat_render_params p = params("<s>", "</s>", true);
+    p.tools = &weather_tool;
+    p.n_tools = 1;
+    check_against_jinja("Qwen-Qwen2.5-7B-Instruct.jinja", case_json, CHAT_FAMILY_QWEN2_5, msgs,
+                        N_OF(msgs), &p);
+    check_against_jinja("meta-llama-Llama-3.1-8B-Instruct.jinja", case_json,
+                        CHAT_FAMILY_LLAMA3_1, msgs, N_OF(msgs), &p);
+    // Qwen: two calls in one turn with content, two results in one user turn, no system
+    const struct chat_message two[] = {
+        {.role = "user", .content = "Paris and Caf\xc3\xa9?"},
+        {.role = "assistant", .content = "Checking.", .tool_calls = paris_calls, .n_tool_calls = 2},
+        {.role = "tool", .content = "21", .tool_call_id = "abcdefghi"},
+        {.role = "tool", .content = "19", .tool_call_id = "bcdefghij"},
+    };
+    snprintf(case_json, sizeof(case_json),
+             "{\"bos_token\":\"<s>\",\"eos_token\":\"</s>\",\"add_generation_prompt\":true,"
+             "\"tools\":[" WEATHER_TOOL_JSON "],\"messages\":["
+             "{\"role\":\"user\",\"content\":\"Paris and Caf\xc3\xa9?\"},"
+             "{\"role\":\"assistant\",\"content\":\"Checking.\"," PARIS_CALLS_JSON(2) "},"
+             "{\"role\":\"tool\",\"tool_call_id\":\"abcdefghi\",\"content\":\"21\"},"
+             "{\"role\":\"tool\",\"tool_call_id\":\"bcdefghij\",\"content\":\"19\"}]}",
+             SECOND_CALL_JSON);
+    check_against_jinja("Qwen-Qwen2.5-7B-Instruct.jinja", case_json, CHAT_FAMILY_QWEN2_5, two,
+                        N_OF(two), &p);
+    // Qwen without tools still renders a history with calls and results
+    struct chat_render_params none = params("<s>", "</s>", true);
+    snprintf(case_json, sizeof(case_json),
+             "{\"bos_token\":\"<s>\",\"eos_token\":\"</s>\",\"add_generation_prompt\":true,"
+             "\"messages\":["
+             "{\"role\":\"user\",\"content\":\"Paris and Caf\xc3\xa9?\"},"
+             "{\"role\":\"assistant\",\"content\":\"Checking.\"," PARIS_CALLS_JSON(2) "},"
+             "{\"role\":\"tool\",\"tool_call_id\":\"abcdefghi\",\"content\":\"21\"},"
+             "{\"role\":\"tool\",\"tool_call_id\":\"bcdefghij\",\"content\":\"19\"}]}",
+             SECOND_CALL_JSON);
+    check_against_jinja("Qwen-Qwen2.5-7B-Instruct.jinja", case_json, CHAT_FAMILY_QWEN2_5, two,
+                        N_OF(two), &none);
+    // Mistral Nemo: tools before the last user message, calls with ids, results
+    const struct chat_message nemo[] = {
+        {.role = "system", .content = "S"},
+        {.role = "user", .content = "Hi"},
+        {.role = "assistant", .content = "Hello."},
+        {.role = "user", .content = "Paris?"},
+        {.role = "assistant", .content = "", .tool_calls = paris_calls, .n_tool_calls = 2},
+        {.role = "tool", .content = "21", .tool_call_id = "abcdefghi"},
+        {.role = "tool", .content = "{\"t\": 19}", .tool_call_id = "bcdefghij"},
+    };
+    snprintf(case_json, sizeof(case_json),
+             "{\"bos_token\":\"<s>\",\"eos_token\":\"</s>\",\"add_generation_prompt\":true,"
+             "\"tools\":[" WEATHER_TOOL_JSON "],\"messages\":["
+             "{\"role\":\"system\",\"content\":\"S\"},"
+             "{\"role\":\"user\",\"content\":\"Hi\"},"
+             "{\"role\":\"assistant\",\"content\":\"Hello.\"},"
+             "{\"role\":\"user\",\"content\":\"Paris?\"},"
+             "{\"role\":\"assistant\",\"content\":\"\"," PARIS_CALLS_JSON(2) "},"
+             "{\"role\":\"tool\",\"tool_call_id\":\"abcdefghi\",\"content\":\"21\"},"
+             "{\"role\":\"tool\",\"tool_call_id\":\"bcdefghij\",\"content\":\"{\\\"t\\\": 19}\"}]}",
+             SECOND_CALL_JSON);
+    check_against_jinja("mistralai-Mistral-Nemo-Instruct-2407.jinja", case_json,
+                        CHAT_FAMILY_MISTRAL_TEKKEN, nemo, N_OF(nemo), &p);
+}
+
+/* Generic ChatML has no template with tools: Qwen's Hermes block without
+ * Qwen's default system message (derived from the Qwen 2.5 template above). */
+static void test_chat_render_chatml_tools(void **state) {
+    (void)state;
+    const struct chat_message msgs[] = {
+        {.role = "user", .content = "u"},
+        {.role = "assistant", .content = "", .tool_calls = paris_calls, .n_tool_calls = 1},
+        {.role = "tool", .content = "r", .tool_call_id = "abcdefghi"},
+    };
+    struct chat_render_params p = params(NULL, NULL, true);
+    p.tools = &weather_tool;
+    p.n_tools = 1;
+    struct buf want = {0};
+    buf_append_str(&want, "<|im_start|>system\n# Tools\n\nYou may call one or more functions to "
+                          "assist with the user query.\n\nYou are provided with function "
+                          "signatures within <tools></tools> XML tags:\n<tools>\n");
+    buf_append_str(&want, weather_tool.json);
+    buf_append_str(&want, "\n</tools>\n\nFor each function call, return a json object with "
+                          "function name and arguments within <tool_call></tool_call> XML "
+                          "tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+                          "<args-json-object>}\n</tool_call><|im_end|>\n"
+                          "<|im_start|>user\nu<|im_end|>\n"
+                          "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", "
+                          "\"arguments\": {\"city\": \"Paris\", \"n\": 2}}\n</tool_call>"
+                          "<|im_end|>\n<|im_start|>user\n<tool_response>\nr\n</tool_response>"
+                          "<|im_end|>\n<|im_start|>assistant\n");
+    check_render(CHAT_FAMILY_CHATML, msgs, N_OF(msgs), &p, want.data, false);
+    buf_free(&want);
+}
+
+/* What the tool templates raise on, and tools for families without them. */
+static void test_chat_render_tools_rejects(void **state) {
+    (void)state;
+    const struct chat_message u[] = {{.role = "user", .content = "u"}};
+    const struct chat_message sys_only[] = {{.role = "system", .content = "s"}};
+    const struct chat_message two_calls[] = {
+        {.role = "user", .content = "u"},
+        {.role = "assistant", .content = "", .tool_calls = paris_calls, .n_tool_calls = 2},
+    };
+    static const struct chat_tool_call long_id[] = {
+        {.id = "call_0123456789", .name = "f", .arguments = "{}"},
+    };
+    const struct chat_message long_call[] = {
+        {.role = "user", .content = "u"},
+        {.role = "assistant", .content = "", .tool_calls = long_id, .n_tool_calls = 1},
+    };
+    const struct chat_message user_calls[] = {
+        {.role = "user", .content = "u", .tool_calls = paris_calls, .n_tool_calls = 1},
+    };
+    struct buf out = {0};
+    char msg[256];
+    struct chat_render_params p = params("<s>", "</s>", true);
+    p.tools = &weather_tool;
+    p.n_tools = 1;
+    for (int f = 0; f < CHAT_FAMILY_COUNT; f++) {
+        int err = chat_render((enum chat_family)f, u, 1, &p, &out, NULL, msg, sizeof(msg));
+        assert_int_equal(err, chat_family_has_tools((enum chat_family)f) ? 0 : ERR_INVAL);
+        if (err) assert_non_null(strstr(msg, "does not support tools"));
+        buf_free(&out);
+        struct chat_tool_syntax syn;
+        assert_int_equal(chat_tool_syntax((enum chat_family)f, &syn),
+                         chat_family_has_tools((enum chat_family)f) ? 0 : ERR_UNSUPPORTED);
+    }
+    assert_int_equal(chat_render(CHAT_FAMILY_LLAMA3_1, sys_only, 1, &p, &out, NULL, msg,
+                                 sizeof(msg)), ERR_INVAL);
+    assert_non_null(strstr(msg, "first user message"));
+    assert_int_equal(chat_render(CHAT_FAMILY_LLAMA3_1, two_calls, 2, &p, &out, NULL, msg,
+                                 sizeof(msg)), ERR_INVAL);
+    assert_non_null(strstr(msg, "one tool call"));
+    assert_int_equal(chat_render(CHAT_FAMILY_MISTRAL_TEKKEN, long_call, 2, &p, &out, NULL, msg,
+                                 sizeof(msg)), ERR_INVAL);
+    assert_non_null(strstr(msg, "9 alphanumeric"));
+    assert_int_equal(chat_render(CHAT_FAMILY_QWEN2_5, user_calls, 1, &p, &out, NULL, msg,
+                                 sizeof(msg)), ERR_INVAL);
+    assert_non_null(strstr(msg, "only assistant"));
+    assert_null(out.data);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chat_detect_real_templates),
@@ -692,6 +950,9 @@ int main(void) {
         cmocka_unit_test(test_chat_render_utf8),
         cmocka_unit_test(test_chat_render_appends_and_defaults),
         cmocka_unit_test(test_chat_render_rejects),
+        cmocka_unit_test(test_chat_render_tools_match_jinja),
+        cmocka_unit_test(test_chat_render_chatml_tools),
+        cmocka_unit_test(test_chat_render_tools_rejects),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
