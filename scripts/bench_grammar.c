@@ -25,20 +25,7 @@
 #include "engine/base/buf.h"
 #include "engine/engine.h"
 #include "engine/format/gguf.h"
-
-/* JSON (RFC 8259) with the bounded numbers and whitespace of the server's
- * json_object grammar (server/json_schema.c). */
-static const char json_gbnf[] =
-    "root ::= object\n"
-    "value ::= object | array | string | number | (\"true\" | \"false\") | \"null\"\n"
-    "object ::= \"{\" ws (kv (\",\" ws kv)*)? \"}\"\n"
-    "kv ::= string ws \":\" ws value ws\n"
-    "array ::= \"[\" ws (value ws (\",\" ws value ws)*)? \"]\"\n"
-    "string ::= \"\\\"\" char* \"\\\"\"\n"
-    "char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n"
-    "number ::= integer (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?\n"
-    "integer ::= \"-\"? (\"0\" | [1-9] [0-9]{0,15})\n"
-    "ws ::= | \" \" | \"\\n\" [ \\t]{0,12}\n";
+#include "server/json_schema.h"
 
 /* The calling thread's CPU time: all of this runs on one thread, and other
  * processes on a shared machine do not inflate it (they still share caches). */
@@ -150,7 +137,7 @@ int main(int argc, char **argv) {
     int steps = argc > 3 ? atoi(argv[3]) : 200;
     if (batch < 1 || steps < 1) return 2;
     struct buf gtext = {0};
-    buf_append_str(&gtext, json_gbnf);
+    json_schema_object_gbnf(&gtext);  // the server's json_object grammar, the one copy
     struct gguf_file *gf = NULL;
     struct tokenizer *tok = NULL;
     if (gguf_open(argv[1], &gf) || tokenizer_load(gf, &tok)) {

@@ -1007,7 +1007,10 @@ static void primitives(struct buf *out) {
         "hex ::= [0-9a-fA-F]\n");
 }
 
-int json_schema_to_gbnf(json_t *schema, struct buf *out, char *msg, size_t msg_size) {
+/* The schema's rules (without root and primitives) into out; the start rule's
+ * number into *out_rule. */
+static int schema_rules(json_t *schema, struct buf *out, int *out_rule, char *msg,
+                        size_t msg_size) {
     if (msg && msg_size) msg[0] = '\0';
     struct gen g = {.root = schema, .out = out, .msg = msg, .msg_size = msg_size};
     size_t len0 = out->len;
@@ -1015,13 +1018,85 @@ int json_schema_to_gbnf(json_t *schema, struct buf *out, char *msg, size_t msg_s
     int err = gen_rule(&g, schema, "#", 0, rule);
     for (int i = 0; i < g.n_refs; i++) free(g.refs[i].ref);
     free(g.refs);
-    if (err) {
-        out->len = len0;
-        return err;
-    }
+    if (err) out->len = len0;
+    *out_rule = rule;
+    return err;
+}
+
+int json_schema_to_gbnf(json_t *schema, struct buf *out, char *msg, size_t msg_size) {
+    int rule = 0;
+    int err = schema_rules(schema, out, &rule, msg, msg_size);
+    if (err) return err;
     appendf(out, "root ::= s%d\n", rule);
     primitives(out);
     return 0;
+}
+
+static bool is_name_char(char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           c == '_' || c == '-';
+}
+
+/* Whether text[0..n) is a rule name of ours: sN or kv-sN. */
+static bool is_own_rule(const char *t, size_t n) {
+    if (n > 3 && memcmp(t, "kv-", 3) == 0) {
+        t += 3;
+        n -= 3;
+    }
+    if (n < 2 || t[0] != 's') return false;
+    for (size_t i = 1; i < n; i++) {
+        if (t[i] < '0' || t[i] > '9') return false;
+    }
+    return true;
+}
+
+int json_schema_to_gbnf_rule(json_t *schema, const char *name, struct buf *out, char *msg,
+                             size_t msg_size) {
+    struct buf rules = {0};
+    int rule = 0;
+    int err = schema_rules(schema, &rules, &rule, msg, msg_size);
+    if (err) {
+        buf_free(&rules);
+        return err;
+    }
+    // Copy with every sN / kv-sN renamed name-sN / kv-name-sN: names outside
+    // literals and classes only (the generator writes no comments).
+    const char *t = rules.data ? rules.data : "";
+    size_t n = rules.len, i = 0;
+    while (i < n) {
+        char c = t[i];
+        if (c == '"' || c == '[') {
+            char close = c == '"' ? '"' : ']';
+            size_t j = i + 1;
+            while (j < n && t[j] != close) j += t[j] == '\\' ? 2 : 1;
+            if (j > n) j = n - 1;
+            buf_append(out, t + i, j + 1 - i);
+            i = j + 1;
+        } else if (is_name_char(c)) {
+            size_t j = i;
+            while (j < n && is_name_char(t[j])) j++;
+            if (is_own_rule(t + i, j - i)) {
+                bool kv = t[i] == 'k';
+                if (kv) buf_append_str(out, "kv-");
+                buf_append_str(out, name);
+                buf_append_char(out, '-');
+                buf_append(out, t + i + (kv ? 3 : 0), j - i - (kv ? 3 : 0));
+            } else {
+                buf_append(out, t + i, j - i);
+            }
+            i = j;
+        } else {
+            buf_append_char(out, c);
+            i++;
+        }
+    }
+    buf_free(&rules);
+    appendf(out, "%s ::= %s-s%d\n", name, name, rule);
+    return 0;
+}
+
+void json_schema_primitives_gbnf(struct buf *out) {
+    primitives(out);
 }
 
 void json_schema_object_gbnf(struct buf *out) {

@@ -39,7 +39,22 @@
  * 'minimum' at #/properties/age"). */
 int json_schema_to_gbnf(json_t *schema, struct buf *out, char *msg, size_t msg_size);
 
-/* Appends a grammar for any JSON object (response_format json_object). */
+/* Appends rules (no root) in which rule `name` ([A-Za-z0-9_-]+, unique in
+ * the grammar) matches the schema's language; helper rules are named
+ * name-sN and kv-name-sN. The JSON primitives they use (value, object,
+ * array, string, char, number, integer, ws, date, time, uuid, hex) are not
+ * appended: a grammar appends json_schema_primitives_gbnf() once. For
+ * grammars of several schemas (the tools of a request). Returns as
+ * json_schema_to_gbnf(); out is unchanged on failure. */
+int json_schema_to_gbnf_rule(json_t *schema, const char *name, struct buf *out, char *msg,
+                             size_t msg_size);
+
+/* Appends the JSON primitive rules named above. */
+void json_schema_primitives_gbnf(struct buf *out);
+
+/* Appends a grammar for any JSON object (response_format json_object): root
+ * and the primitives. One copy of the JSON grammar's text, which
+ * scripts/bench_grammar.c uses too. */
 void json_schema_object_gbnf(struct buf *out);
 
 /* Appends the GBNF literal (with quotes) matching exactly len bytes of s. */
