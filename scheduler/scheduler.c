@@ -263,7 +263,7 @@ static void publish_stats(struct scheduler *s) {
  * The vocabulary's byte trie is built on first use. */
 static const uint64_t *grammar_allow(struct scheduler *s, struct seq *sq, bool *is_dead) {
     *is_dead = false;
-    if (!sq->grammar) return NULL;
+    if (!seq_is_constrained(sq)) return NULL;
     if (!s->gvocab) {
         s->gvocab = grammar_vocab_create(s->tok);
         s->allow = xmalloc(grammar_mask_words(s->n_vocab) * sizeof(*s->allow));
@@ -298,7 +298,13 @@ static bool emit_token(struct scheduler *s, struct seq *sq, const float *row, in
     int32_t token = sampler_sample_allowed(sq->sampler, s->scratch, row, allow,
                                            want_lp ? &res : NULL);
     enum grammar_step gst = GRAMMAR_STEP_OK;
-    if (sq->grammar) gst = grammar_accept_token(sq->grammar, s->gvocab, token);
+    if (seq_is_constrained(sq)) {
+        gst = grammar_accept_token(sq->grammar, s->gvocab, token);
+    } else if (sq->grammar) {
+        // A grammar waiting for its trigger: the token was free; it may start it.
+        gst = seq_grammar_trigger(sq, token);
+        if (gst == GRAMMAR_STEP_REJECT) gst = GRAMMAR_STEP_OK;  // dropped: free text goes on
+    }
     if (gst == GRAMMAR_STEP_REJECT) {
         // Every allowed token was banned after the mask (logit bias, min_tokens
         // holding back the end): the sampler fell back to a token outside the
@@ -953,6 +959,7 @@ int scheduler_submit(struct scheduler *s, const struct scheduler_request *req, u
         .n_logprobs = req->n_logprobs,
         .adapter = req->adapter,
         .grammar = req->grammar,
+        .grammar_trigger = req->grammar_trigger,
     };
     uint64_t id = atomic_fetch_add(&s->next_id, 1);
     struct seq *sq = NULL;

@@ -78,6 +78,12 @@ struct scheduler_request {
                                     //    token is sampled from those that keep the text
                                     //    a prefix of the grammar's language; a grammar
                                     //    that completes ends the sequence (STOP)
+    const char *grammar_trigger;    // NULL: the grammar constrains from the first token.
+                                    //    Else it waits: tokens are free until the text
+                                    //    (control tokens' text included) holds this
+                                    //    string, then the grammar is advanced by the bytes
+                                    //    from the string's start and constrains the rest
+                                    //    (text that leaves it there drops the grammar)
 };
 
 /* Defaults: greedy-free sampler defaults, max_tokens 16, min_tokens 0, no

@@ -78,6 +78,8 @@ int seq_create(uint64_t id, const struct tokenizer *tok, int32_t n_vocab, const 
     if (p->grammar) {
         s->grammar = grammar_create(p->grammar);
         if (!s->grammar) goto fail;
+        if (p->grammar_trigger && p->grammar_trigger[0])
+            s->grammar_trigger = xstrdup(p->grammar_trigger);
     }
     for (int32_t i = 0; i < n_prompt; i++) sampler_accept(s->sampler, prompt[i], true);
     *out = s;
@@ -96,12 +98,49 @@ void seq_destroy(struct seq *s) {
     free(s->stop_token_ids);
     sampler_free(s->sampler);
     grammar_free(s->grammar);
+    free(s->grammar_trigger);
+    buf_free(&s->trigger_window);
     stop_matcher_free(s->stop);
     buf_free(&s->piece);
     buf_free(&s->unprefixed);
     channel_release(s->channel);
     engine_adapter_release(s->adapter);
     free(s);
+}
+
+enum grammar_step seq_grammar_trigger(struct seq *s, int32_t token) {
+    ASSERT(s->grammar && s->grammar_trigger);
+    size_t n = strlen(s->grammar_trigger);
+    struct buf *w = &s->trigger_window;
+    size_t old_len = w->len;
+    tokenizer_token_to_piece(s->tok, token, true, w);
+    // The trigger's first byte is in the text before this token's bytes only
+    // if it started within the last n - 1 bytes.
+    size_t from = old_len > n - 1 ? old_len - (n - 1) : 0;
+    size_t at = w->len;
+    for (size_t i = from; i + n <= w->len; i++) {
+        if (memcmp(w->data + i, s->grammar_trigger, n) == 0) {
+            at = i;
+            break;
+        }
+    }
+    if (at == w->len) {
+        // keep only the bytes the next search can need
+        if (w->len > n - 1) {
+            memmove(w->data, w->data + w->len - (n - 1), n - 1);
+            w->len = n - 1;
+        }
+        return GRAMMAR_STEP_OK;
+    }
+    enum grammar_step st = grammar_accept_bytes(s->grammar, w->data + at, w->len - at);
+    free(s->grammar_trigger);
+    s->grammar_trigger = NULL;
+    buf_free(w);
+    if (st == GRAMMAR_STEP_REJECT) {
+        grammar_free(s->grammar);
+        s->grammar = NULL;
+    }
+    return st;
 }
 
 static bool is_stop_token(const struct seq *s, int32_t token) {

@@ -58,6 +58,7 @@ struct seq_params {
     int32_t n_logprobs;             // -1: none; 0: the chosen token's; k: plus top k
     struct engine_adapter *adapter; // NULL: the base model; seq_create() retains it
     struct gbnf *grammar;           // NULL: unconstrained; seq_create() retains it
+    const char *grammar_trigger;    // NULL, or the text the grammar waits for (scheduler.h)
 };
 
 struct seq {
@@ -86,6 +87,8 @@ struct seq {
                                       //    adapter's info.id (engine/lora.h), 0: none
     struct sampler *sampler;          // owned
     struct grammar *grammar;          // owned; NULL: unconstrained
+    char *grammar_trigger;            // owned; non-NULL while the grammar waits for it
+    struct buf trigger_window;        // owned: the latest bytes, to find the trigger in
     struct stop_matcher *stop;        // owned; NULL without stop strings
     struct tokenizer_stream stream;   // incremental detokeniser state
     struct buf piece;                 // owned scratch: one token's text before stop matching
@@ -135,6 +138,20 @@ static inline int32_t seq_n_generated(const struct seq *s) {
  * the held-back text is flushed into text and the status set. Returns the new
  * status (RUNNING or FINISHED_STOP / FINISHED_LENGTH). [step thread] */
 enum seq_status seq_append(struct seq *s, int32_t token, struct buf *text);
+
+/* For a sequence whose grammar waits for its trigger (s->grammar_trigger
+ * set): looks for the trigger in the text so far with token's bytes (its
+ * control text included) and, when it is there, advances the grammar by the
+ * bytes from the trigger's start and stops waiting. Returns OK (no trigger
+ * yet, or the grammar took the bytes), DONE (they completed the grammar) or
+ * REJECT (they leave the grammar: it is dropped, the sequence goes on
+ * unconstrained). [step thread] */
+enum grammar_step seq_grammar_trigger(struct seq *s, int32_t token);
+
+/* True when s is constrained now (it has a grammar that waits for nothing). */
+static inline bool seq_is_constrained(const struct seq *s) {
+    return s->grammar && !s->grammar_trigger;
+}
 
 /* Ends a RUNNING sequence with FINISHED_STOP for a reason outside the token
  * (its grammar completed): held-back text is flushed into text. Returns the

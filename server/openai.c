@@ -117,7 +117,8 @@ static const char *const known_fields[] = {
     "top_p", "top_k", "min_p", "n", "stop", "seed", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "logit_bias", "logprobs", "top_logprobs", "echo", "stream",
     "stream_options", "user", "ignore_eos", "min_tokens", "stop_token_ids",
-    "include_stop_str_in_output", "skip_special_tokens",
+    "include_stop_str_in_output", "skip_special_tokens", "response_format", "grammar", "tools",
+    "tool_choice", "parallel_tool_calls",
 };
 
 static void log_unknown_fields(json_t *root) {
@@ -339,6 +340,192 @@ static int parse_prompt(json_t *root, int32_t n_vocab, struct openai_request *r,
     return 0;
 }
 
+/* ---- tools ------------------------------------------------------------------- */
+
+/* A JSON value as Jinja's tojson writes it (json.dumps: ", " and ": "), or
+ * indented by 4 (json.dumps(indent=4)); jansson keeps the members' order. */
+static char *tojson(json_t *v, bool indent) {
+    char *s = json_dumps(v, JSON_ENCODE_ANY | (indent ? JSON_INDENT(4) : 0));
+    ASSERT(s);
+    return s;
+}
+
+/* messages[i].tool_calls (assistant) and .tool_call_id (tool): arguments
+ * are a JSON text in the API, handed to the template as the parsed value. */
+static int parse_message_tools(json_t *m, int32_t i, struct chat_message *out,
+                               struct openai_error *e) {
+    json_t *id = json_object_get(m, "tool_call_id");
+    if (id && !json_is_null(id)) {
+        if (!json_is_string(id))
+            return fail(e, "messages", "messages[%d].tool_call_id must be a string", (int)i);
+        char *s = NULL;
+        int err = dup_string(id, "messages", &s, e);
+        if (err) return err;
+        out->tool_call_id = s;
+    } else if (strcmp(out->role, "tool") == 0) {
+        return fail(e, "messages", "messages[%d]: a 'tool' message needs 'tool_call_id'", (int)i);
+    }
+    json_t *calls = json_object_get(m, "tool_calls");
+    if (!calls || json_is_null(calls)) return 0;
+    if (!json_is_array(calls) || json_array_size(calls) > TOOL_CALL_MAX_CALLS)
+        return fail(e, "messages", "messages[%d].tool_calls must be an array of at most %d calls",
+                    (int)i, TOOL_CALL_MAX_CALLS);
+    size_t n = json_array_size(calls);
+    if (n == 0) return 0;
+    struct chat_tool_call *cs = xcalloc(n, sizeof(*cs));
+    out->tool_calls = cs;
+    size_t k;
+    json_t *c;
+    json_array_foreach(calls, k, c) {
+        json_t *cid = json_object_get(c, "id");
+        json_t *fn = json_object_get(c, "function");
+        json_t *name = json_object_get(fn, "name");
+        json_t *args = json_object_get(fn, "arguments");
+        json_t *type = json_object_get(c, "type");
+        if (!json_is_object(c) || !json_is_string(cid) || !json_is_object(fn) ||
+            !json_is_string(name) || !json_is_string(args) ||
+            (type && !(json_is_string(type) && strcmp(json_string_value(type), "function") == 0)))
+            return fail(e, "messages", "messages[%d].tool_calls[%d] must be {\"id\": string, "
+                        "\"type\": \"function\", \"function\": {\"name\": string, "
+                        "\"arguments\": string}}", (int)i, (int)k);
+        json_error_t jerr;
+        json_t *parsed = json_loadb(json_string_value(args), json_string_length(args),
+                                    JSON_DECODE_ANY, &jerr);
+        if (!parsed)
+            return fail(e, "messages", "messages[%d].tool_calls[%d].function.arguments is not "
+                        "JSON: %s", (int)i, (int)k, jerr.text);
+        char *sid = NULL, *sname = NULL;
+        int err = dup_string(cid, "messages", &sid, e);
+        if (!err) err = dup_string(name, "messages", &sname, e);
+        cs[k].id = sid;
+        cs[k].name = sname;
+        cs[k].arguments = tojson(parsed, false);
+        out->n_tool_calls = (int32_t)k + 1;
+        json_decref(parsed);
+        if (err) return err;
+    }
+    return 0;
+}
+
+/* One entry of 'tools' into t: checked, serialised for the templates, and its
+ * parameters' grammar rules named "t<i>". */
+static int parse_tool(json_t *v, int32_t i, struct openai_tool *t, struct openai_error *e) {
+    json_t *type = json_object_get(v, "type");
+    json_t *fn = json_object_get(v, "function");
+    if (!json_is_object(v) || !json_is_string(type) ||
+        strcmp(json_string_value(type), "function") != 0 || !json_is_object(fn))
+        return fail(e, "tools", "tools[%d] must be {\"type\": \"function\", \"function\": "
+                    "{...}}", (int)i);
+    json_t *name = json_object_get(fn, "name");
+    if (!json_is_string(name) || !tool_call_name_valid(json_string_value(name)))
+        return fail(e, "tools", "tools[%d].function.name must be a string of 1 to %d letters, "
+                    "digits, '_' or '-'", (int)i, TOOL_CALL_NAME_MAX);
+    json_t *desc = json_object_get(fn, "description");
+    if (desc && !json_is_string(desc) && !json_is_null(desc))
+        return fail(e, "tools", "tools[%d].function.description must be a string", (int)i);
+    json_t *strict = json_object_get(fn, "strict");
+    if (strict && !json_is_boolean(strict) && !json_is_null(strict))
+        return fail(e, "tools", "tools[%d].function.strict must be a boolean", (int)i);
+    json_t *params = json_object_get(fn, "parameters");
+    if (params && !json_is_object(params))
+        return fail(e, "tools", "tools[%d].function.parameters must be a JSON Schema object",
+                    (int)i);
+    t->name = xstrdup(json_string_value(name));
+    snprintf(t->rule, sizeof(t->rule), "t%d", (int)i);
+    struct buf rules = {0};
+    if (params) {
+        char msg[200];
+        if (json_schema_to_gbnf_rule(params, t->rule, &rules, msg, sizeof(msg))) {
+            buf_free(&rules);
+            return fail(e, "tools", "Invalid schema for tools[%d].function.parameters: %s",
+                        (int)i, msg);
+        }
+    } else {
+        buf_append_str(&rules, t->rule);  // no parameters: any object
+        buf_append_str(&rules, " ::= object\n");
+    }
+    t->rules = buf_take(&rules);
+    t->json = tojson(v, false);
+    t->json_indent4 = tojson(v, true);
+    size_t n = json_object_size(fn);
+    t->members = xcalloc(n ? n : 1, sizeof(*t->members));
+    const char *key;
+    json_t *mv;
+    json_object_foreach(fn, key, mv) {
+        struct chat_tool_member *mm = &t->members[t->n_members++];
+        mm->key = xstrdup(key);
+        mm->is_string = json_is_string(mv);
+        mm->value = mm->is_string ? xstrdup(json_string_value(mv)) : tojson(mv, false);
+    }
+    return 0;
+}
+
+/* tools, tool_choice and parallel_tool_calls (chat). */
+static int parse_tools(json_t *root, struct openai_request *r, struct openai_error *e) {
+    json_t *tools = json_object_get(root, "tools");
+    json_t *choice = json_object_get(root, "tool_choice");
+    if (choice && json_is_null(choice)) choice = NULL;
+    r->parallel_tool_calls = true;
+    int err = get_bool(root, "parallel_tool_calls", &r->parallel_tool_calls, e);
+    if (err) return err;
+    if (tools && !json_is_null(tools)) {
+        if (!json_is_array(tools) || json_array_size(tools) > TOOL_CALL_MAX_TOOLS)
+            return fail(e, "tools", "'tools' must be an array of at most %d tools",
+                        TOOL_CALL_MAX_TOOLS);
+        size_t n = json_array_size(tools);
+        r->tools = xcalloc(n ? n : 1, sizeof(*r->tools));
+        size_t i;
+        json_t *v;
+        json_array_foreach(tools, i, v) {
+            r->n_tools = (int32_t)i + 1;
+            if ((err = parse_tool(v, (int32_t)i, &r->tools[i], e))) return err;
+            for (size_t k = 0; k < i; k++) {
+                if (strcmp(r->tools[k].name, r->tools[i].name) == 0)
+                    return fail(e, "tools", "tools[%d]: the function name '%s' is used twice",
+                                (int)i, r->tools[i].name);
+            }
+        }
+        r->chat_tools = xcalloc(n ? n : 1, sizeof(*r->chat_tools));
+        for (size_t k = 0; k < n; k++) {
+            r->chat_tools[k] = (struct chat_tool){.json = r->tools[k].json,
+                                                  .json_indent4 = r->tools[k].json_indent4,
+                                                  .members = r->tools[k].members,
+                                                  .n_members = r->tools[k].n_members};
+        }
+    }
+    r->tool_choice = r->n_tools > 0 ? OPENAI_TOOL_CHOICE_AUTO : OPENAI_TOOL_CHOICE_NONE;
+    if (!choice) return 0;
+    if (json_is_string(choice)) {
+        const char *c = json_string_value(choice);
+        if (strcmp(c, "none") == 0) r->tool_choice = OPENAI_TOOL_CHOICE_NONE;
+        else if (strcmp(c, "auto") == 0) r->tool_choice = OPENAI_TOOL_CHOICE_AUTO;
+        else if (strcmp(c, "required") == 0) r->tool_choice = OPENAI_TOOL_CHOICE_REQUIRED;
+        else
+            return fail(e, "tool_choice", "Invalid value: '%.64s'. Supported values are: 'none', "
+                        "'auto', 'required' and {\"type\": \"function\", \"function\": "
+                        "{\"name\": ...}}.", c);
+    } else {
+        json_t *type = json_object_get(choice, "type");
+        json_t *name = json_object_get(json_object_get(choice, "function"), "name");
+        if (!json_is_object(choice) || !json_is_string(type) ||
+            strcmp(json_string_value(type), "function") != 0 || !json_is_string(name))
+            return fail(e, "tool_choice", "'tool_choice' must be 'none', 'auto', 'required' or "
+                        "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+        r->tool_choice = OPENAI_TOOL_CHOICE_NAMED;
+        r->tool_named = -1;
+        for (int32_t k = 0; k < r->n_tools; k++) {
+            if (strcmp(r->tools[k].name, json_string_value(name)) == 0) r->tool_named = k;
+        }
+        if (r->tool_named < 0 && r->n_tools > 0)
+            return fail(e, "tool_choice", "Invalid 'tool_choice': no function named '%.64s' in "
+                        "'tools'", json_string_value(name));
+    }
+    if (r->tool_choice != OPENAI_TOOL_CHOICE_NONE && r->n_tools == 0)
+        return fail(e, "tool_choice", "'tool_choice' is only allowed when 'tools' are "
+                    "specified");
+    return 0;
+}
+
 /* content: string | null | [{"type": "text", "text": "..."}, ...] */
 static int parse_content(json_t *c, char **out, struct openai_error *e) {
     if (!c || json_is_null(c)) {
@@ -396,6 +583,7 @@ static int parse_messages(json_t *root, struct openai_request *r, struct openai_
         r->messages[i].role = role_s;
         r->messages[i].content = content_s;
         r->n_messages = (int32_t)i + 1;
+        if (!err) err = parse_message_tools(m, (int32_t)i, &r->messages[i], e);
         if (err) return err;
     }
     return 0;
@@ -518,7 +706,12 @@ int openai_parse(enum openai_route route, const char *body, size_t len, int32_t 
         if (!err) err = parse_prompt(root, n_vocab, out, e);
     }
     if (!err && route == OPENAI_ROUTE_CHAT) err = parse_messages(root, out, e);
+    if (!err && route == OPENAI_ROUTE_CHAT) err = parse_tools(root, out, e);
     if (!err) err = parse_structured(root, out, e);
+    if (!err && out->grammar && out->tool_choice != OPENAI_TOOL_CHOICE_NONE) {
+        err = fail(e, "tool_choice", "'tools' with a 'tool_choice' other than 'none' cannot be "
+                   "combined with a 'response_format' or 'grammar' that constrains the reply");
+    }
     if (!err && out->n_prompts * out->n > OPENAI_MAX_CHOICES) {
         err = fail(e, "n", "prompts times 'n' must be at most %d", OPENAI_MAX_CHOICES);
     }
@@ -543,9 +736,31 @@ void openai_request_deinit(struct openai_request *r) {
     }
     free(r->prompts);
     for (int32_t i = 0; i < r->n_messages; i++) {
-        free((char *)r->messages[i].role);
-        free((char *)r->messages[i].content);
+        struct chat_message *m = &r->messages[i];
+        free((char *)m->role);
+        free((char *)m->content);
+        free((char *)m->tool_call_id);
+        for (int32_t k = 0; k < m->n_tool_calls; k++) {
+            free((char *)m->tool_calls[k].id);
+            free((char *)m->tool_calls[k].name);
+            free((char *)m->tool_calls[k].arguments);
+        }
+        free((struct chat_tool_call *)m->tool_calls);
     }
+    for (int32_t i = 0; i < r->n_tools; i++) {
+        struct openai_tool *t = &r->tools[i];
+        free(t->name);
+        free(t->rules);
+        free(t->json);
+        free(t->json_indent4);
+        for (int32_t k = 0; k < t->n_members; k++) {
+            free((char *)t->members[k].key);
+            free((char *)t->members[k].value);
+        }
+        free(t->members);
+    }
+    free(r->tools);
+    free(r->chat_tools);
     free(r->messages);
     free(r->logit_bias);
     for (int32_t i = 0; i < r->n_stop; i++) free(r->stop[i]);
@@ -565,6 +780,45 @@ static int tokenize(const struct tokenizer *tok, const char *text, bool add_spec
         snprintf(e->message, sizeof(e->message), "could not tokenize the prompt: %s",
                  err_str(err));
         return err;
+    }
+    return 0;
+}
+
+/* The tool-call grammar of the template's syntax: from the first token for
+ * required and named choices, from the syntax's trigger on for auto (whose
+ * text keeps control tokens, so a trigger that is one, Mistral's
+ * [TOOL_CALLS], is seen). */
+static int prepare_tools(struct openai_request *r, const struct openai_model *m,
+                         struct openai_error *e) {
+    if (chat_tool_syntax(m->chat_family, &r->tool_syntax) != 0) {
+        return fail(e, "tools", "This model's chat template (%s) does not support tools",
+                    chat_family_name(m->chat_family));
+    }
+    struct tool_call_tool *tt = xcalloc((size_t)r->n_tools, sizeof(*tt));
+    int32_t n = 0;
+    for (int32_t i = 0; i < r->n_tools; i++) {
+        if (r->tool_choice == OPENAI_TOOL_CHOICE_NAMED && i != r->tool_named) continue;
+        tt[n++] = (struct tool_call_tool){
+            .name = r->tools[i].name, .rules = r->tools[i].rules, .rule = r->tools[i].rule};
+    }
+    bool parallel = r->parallel_tool_calls && r->tool_choice != OPENAI_TOOL_CHOICE_NAMED;
+    struct buf text = {0};
+    tool_call_grammar(&r->tool_syntax, tt, n, parallel, &text);
+    free(tt);
+    char msg[200];
+    int err = gbnf_compile(text.data, text.len, &r->grammar, msg, sizeof(msg));
+    buf_free(&text);
+    if (err == ERR_INVAL) return fail(e, "tools", "Invalid tools: %s", msg);
+    if (err) {
+        e->err = err;
+        snprintf(e->message, sizeof(e->message), "could not compile the tools' grammar: %s",
+                 err_str(err));
+        return err;
+    }
+    r->parse_tools = true;
+    if (r->tool_choice == OPENAI_TOOL_CHOICE_AUTO) {
+        r->grammar_trigger = r->tool_syntax.trigger;
+        r->skip_special = false;
     }
     return 0;
 }
@@ -591,6 +845,12 @@ int openai_prepare(struct openai_request *r, const struct openai_model *m,
         int32_t eos = tokenizer_eos(tok);
         cp.bos_text = bos >= 0 ? tokenizer_token_text(tok, bos) : NULL;
         cp.eos_text = eos >= 0 ? tokenizer_token_text(tok, eos) : NULL;
+        if (r->n_tools > 0 && !chat_family_has_tools(m->chat_family)) {
+            return fail(e, "tools", "This model's chat template (%s) does not support tools",
+                        chat_family_name(m->chat_family));
+        }
+        cp.tools = r->chat_tools;
+        cp.n_tools = r->n_tools;
         struct buf text = {0};
         bool has_bos = false;
         char msg[200];
@@ -606,6 +866,8 @@ int openai_prepare(struct openai_request *r, const struct openai_model *m,
         r->prompts[0].text = text.data ? buf_take(&text) : xstrdup("");
         err = tokenize(tok, r->prompts[0].text, !has_bos, &r->prompts[0], param, e);
         if (err) return err;
+        if (r->tool_choice != OPENAI_TOOL_CHOICE_NONE && (err = prepare_tools(r, m, e)))
+            return err;
     } else {
         for (int32_t i = 0; i < r->n_prompts; i++) {
             if (!r->prompts[i].text) continue;
@@ -806,6 +1068,28 @@ char *openai_completion_json(const struct openai_meta *meta, const struct openai
     return dump(root);
 }
 
+/* message.tool_calls, or a chunk's delta.tool_calls (with "index"; id, type
+ * and name only in a call's first delta). */
+static json_t *tool_calls_json(const struct openai_choice *c, bool chunk) {
+    json_t *arr = json_array();
+    for (int32_t i = 0; i < c->n_tool_calls; i++) {
+        const struct openai_tool_call *tc = &c->tool_calls[i];
+        json_t *o = json_object();
+        if (chunk) json_object_set_new(o, "index", json_integer(tc->index));
+        json_t *fn = json_object();
+        if (tc->id) {
+            json_object_set_new(o, "id", json_string(tc->id));
+            json_object_set_new(o, "type", json_string("function"));
+            json_object_set_new(fn, "name", json_stringn(tc->name, tc->name_len));
+        }
+        json_object_set_new(fn, "arguments",
+                            json_stringn(tc->arguments ? tc->arguments : "", tc->arguments_len));
+        json_object_set_new(o, "function", fn);
+        json_array_append_new(arr, o);
+    }
+    return arr;
+}
+
 char *openai_chat_json(const struct openai_meta *meta, const struct openai_choice *choices,
                        int32_t n_choices, const struct openai_usage *usage, bool chunk) {
     json_t *root = envelope(meta, chunk ? "chat.completion.chunk" : "chat.completion");
@@ -816,9 +1100,12 @@ char *openai_chat_json(const struct openai_meta *meta, const struct openai_choic
         json_object_set_new(o, "index", json_integer(c->index));
         json_t *msg = json_object();
         if (!chunk || c->role) json_object_set_new(msg, "role", json_string("assistant"));
-        if (!chunk || c->text_len || c->role) {
+        if (!chunk && c->n_tool_calls && !c->text_len) {
+            json_object_set_new(msg, "content", json_null());
+        } else if (!chunk || c->text_len || c->role) {
             json_object_set_new(msg, "content", json_stringn(c->text ? c->text : "", c->text_len));
         }
+        if (c->n_tool_calls) json_object_set_new(msg, "tool_calls", tool_calls_json(c, chunk));
         json_object_set_new(o, chunk ? "delta" : "message", msg);
         json_object_set_new(o, "logprobs", c->lps ? chat_logprobs(c) : json_null());
         json_object_set_new(o, "finish_reason", finish_json(c->finish_reason));

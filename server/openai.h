@@ -21,6 +21,7 @@
 #include "engine/text/chat.h"
 #include "engine/engine.h"
 #include "engine/text/stop.h"
+#include "server/tool_call.h"
 
 #define OPENAI_MAX_N 16          // choices per prompt
 #define OPENAI_MAX_PROMPTS 64    // prompts in one completion request
@@ -45,6 +46,37 @@ struct openai_prompt {
     char *text;    // owned; NULL when the client sent token ids
     int32_t *ids;  // owned [n_ids]; from the JSON, or from openai_prepare()
     int32_t n_ids;
+};
+
+enum openai_tool_choice {
+    OPENAI_TOOL_CHOICE_NONE,      // tools are in the prompt; the reply is text
+    OPENAI_TOOL_CHOICE_AUTO,      // the model may call: its syntax is recognised, and
+                                  //    constrained from its trigger on
+    OPENAI_TOOL_CHOICE_REQUIRED,  // one or more calls of any tool, constrained throughout
+    OPENAI_TOOL_CHOICE_NAMED,     // one call of tools[tool_named], constrained throughout
+};
+
+/* One entry of the request's tools: what the templates print and what the
+ * grammar needs. Every string is owned. */
+struct openai_tool {
+    char *name;
+    char *rules;                      // its parameters' GBNF rules (json_schema_to_gbnf_rule)
+    char rule[16];                    // their start rule, "tN"
+    char *json;                       // tojson(tool) (chat.h)
+    char *json_indent4;               // tojson(tool, indent=4)
+    struct chat_tool_member *members; // [n_members], strings owned
+    int32_t n_members;
+};
+
+/* A tool call of a reply, or (streams) a delta of one: the first delta has
+ * id and name and empty arguments, later ones argument fragments only. */
+struct openai_tool_call {
+    int32_t index;
+    const char *id;          // NULL: a fragment (no id, type or name)
+    const char *name;        // [name_len], with id
+    size_t name_len;
+    const char *arguments;   // [arguments_len] JSON text (a fragment in a delta)
+    size_t arguments_len;
 };
 
 struct openai_request {
@@ -73,7 +105,17 @@ struct openai_request {
     char reply_prefix[16];                // chat, after prepare: the template's bytes before
                                           //    a reply (chat_reply_prefix()), dropped from text
     struct gbnf *grammar;                 // owned reference; NULL: unconstrained. From
-                                          //    response_format or the grammar extension
+                                          //    response_format, the grammar extension or tools
+    struct openai_tool *tools;            // owned [n_tools] (chat only)
+    int32_t n_tools;
+    struct chat_tool *chat_tools;         // owned [n_tools], views of tools for chat_render()
+    enum openai_tool_choice tool_choice;  // NONE without tools
+    int32_t tool_named;                   // NAMED: the index in tools
+    bool parallel_tool_calls;             // default true
+    bool parse_tools;                     // after prepare: replies are parsed into calls
+    struct chat_tool_syntax tool_syntax;  //    in this syntax (the template's)
+    const char *grammar_trigger;          // after prepare: NULL, or (auto) the text after
+                                          //    which the grammar starts (static string)
 };
 
 /* Parses and validates a request body (len bytes, need not be
@@ -100,7 +142,9 @@ struct openai_model {
 };
 
 /* Checks the model name (ERR_NOTFOUND, code "model_not_found"), renders chat
- * messages into one prompt, tokenizes text prompts, checks that no prompt is
+ * messages (and tools) into one prompt, builds the tool-call grammar and
+ * sets parse_tools / grammar_trigger when tool_choice is not none (a
+ * template without tools is a 400 naming "tools"), tokenizes text prompts, checks that no prompt is
  * empty and that every prompt + max_tokens fits n_ctx (ERR_TOOLONG, code
  * "context_length_exceeded"), and sets max_tokens where the client gave none
  * (completions: 16, as OpenAI; chat: the rest of the context); chat also
@@ -134,6 +178,9 @@ struct openai_choice {
     int32_t n_lps;
     int32_t n_top;                          // alternatives asked for
     size_t text_offset;                     // completions: offset of the first token's text
+    const struct openai_tool_call *tool_calls;  // chat: [n_tool_calls] calls (a response) or
+    int32_t n_tool_calls;                       //    call deltas (a chunk); content is null in
+                                                //    a response with calls and no text
 };
 
 struct openai_usage {

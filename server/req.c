@@ -43,6 +43,7 @@ void req_destroy(struct req *r) {
         struct req_choice *c = &r->choices[i];
         release_choice(r, c);
         buf_free(&c->text);
+        buf_free(&c->all);
         free(c->ids);
         free(c->lps);
     }
@@ -85,6 +86,7 @@ int req_submit(struct req *r, void (*wake)(void *), void *wake_user) {
         sr.n_logprobs = oa->n_logprobs;
         sr.adapter = r->adapter;  // the scheduler retains it per sequence
         sr.grammar = oa->grammar; // and the grammar
+        sr.grammar_trigger = oa->grammar_trigger;
         int err = scheduler_submit(r->sched, &sr, &c->seq_id, &c->ch);
         if (err) {
             c->ch = NULL;

@@ -57,6 +57,13 @@ struct req_choice {
     int err;                          // with CHANNEL_FINISH_ERROR
     struct channel_usage usage;
     bool finish_sent;
+    // Streams with tool calls (oa.parse_tools): the whole text, reparsed at
+    // each chunk, and how much of its content and calls went out.
+    struct buf all;
+    size_t content_sent;
+    int32_t calls_begun;                               // calls whose first delta went out
+    size_t args_sent[TOOL_CALL_MAX_CALLS];             // argument bytes sent, per call
+    char call_ids[TOOL_CALL_MAX_CALLS][32];
 };
 
 struct req {

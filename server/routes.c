@@ -293,6 +293,31 @@ static enum route_result handle_chat(const struct routes_ctx *ctx, struct req *r
 
 static void load_reply(const struct routes_ctx *ctx, struct req *r, struct route_reply *out);
 
+/* Choice i's text parsed for tool calls: a turn that stopped after whole
+ * calls answers them (content is what came before, finish_reason
+ * "tool_calls"); anything else (cut by max_tokens, no calls) stays text.
+ * calls and ids [TOOL_CALL_MAX_CALLS] are the choice's storage. */
+static void reply_tool_calls(const struct req *r, int32_t i, struct openai_choice *c,
+                             struct openai_tool_call *calls, char (*ids)[32]) {
+    const struct req_choice *ch = &r->choices[i];
+    struct tool_call_parse tp;
+    tool_call_parse(&r->oa.tool_syntax, c->text, c->text_len, true, &tp);
+    if (tp.n_calls == 0 || !tp.is_complete || ch->finish != CHANNEL_FINISH_STOP) return;
+    for (int32_t k = 0; k < tp.n_calls; k++) {
+        tool_call_make_id(&r->oa.tool_syntax, ids[k], sizeof(ids[k]));
+        calls[k] = (struct openai_tool_call){.index = k,
+                                             .id = ids[k],
+                                             .name = c->text + tp.calls[k].name_off,
+                                             .name_len = tp.calls[k].name_len,
+                                             .arguments = c->text + tp.calls[k].args_off,
+                                             .arguments_len = tp.calls[k].args_len};
+    }
+    c->tool_calls = calls;
+    c->n_tool_calls = tp.n_calls;
+    c->text_len = tp.content_len;
+    c->finish_reason = "tool_calls";
+}
+
 void routes_final_reply(const struct routes_ctx *ctx, struct req *r, struct route_reply *out) {
     if (r->load) {
         load_reply(ctx, r, out);
@@ -313,6 +338,12 @@ void routes_final_reply(const struct routes_ctx *ctx, struct req *r, struct rout
     }
     struct openai_choice *cs = xcalloc((size_t)r->n_choices, sizeof(*cs));
     struct buf *texts = xcalloc((size_t)r->n_choices, sizeof(*texts));
+    struct openai_tool_call *calls = NULL;
+    char (*ids)[32] = NULL;
+    if (r->oa.parse_tools) {
+        calls = xcalloc((size_t)r->n_choices * TOOL_CALL_MAX_CALLS, sizeof(*calls));
+        ids = xcalloc((size_t)r->n_choices * TOOL_CALL_MAX_CALLS, sizeof(*ids));
+    }
     struct openai_usage u = {.prompt_tokens = r->n_prompt_total,
                              .completion_tokens = req_n_generated(r)};
     for (int32_t i = 0; i < r->n_choices; i++) {
@@ -343,6 +374,8 @@ void routes_final_reply(const struct routes_ctx *ctx, struct req *r, struct rout
             .n_top = r->oa.n_logprobs,
             .text_offset = offset,
         };
+        if (r->oa.parse_tools) reply_tool_calls(r, i, &cs[i], calls + i * TOOL_CALL_MAX_CALLS,
+                                                ids + i * TOOL_CALL_MAX_CALLS);
         if (r->oa.n_logprobs >= 0 && !cs[i].lps) {
             // Asked for, but nothing generated: an empty logprobs object.
             static const struct sampler_result none;
@@ -359,6 +392,8 @@ void routes_final_reply(const struct routes_ctx *ctx, struct req *r, struct rout
     for (int32_t i = 0; i < r->n_choices; i++) buf_free(&texts[i]);
     free(texts);
     free(cs);
+    free(calls);
+    free(ids);
 }
 
 /* ---- adapters at run time ------------------------------------------------------ */

@@ -47,10 +47,80 @@ static void emit_chunk(struct req *r, struct openai_choice *c, const struct open
     free(json);
 }
 
+/* A choice whose text holds tool calls: the text is reparsed whole
+ * (tool_call.h, prefix-stable) and what is new goes out as OpenAI streams
+ * it: content deltas; per call a first delta with index, id, type, name and
+ * arguments "", then argument fragments; the finish in a last chunk
+ * ("tool_calls" when the turn ended with calls). Returns true if anything
+ * was framed. */
+static bool emit_tool_deltas(struct req *r, int32_t i) {
+    struct req_choice *ch = &r->choices[i];
+    bool ended = ch->finish != CHANNEL_FINISH_NONE && !ch->finish_sent;
+    if (!ch->text.len && !ch->n_pending && !ended) return false;
+    buf_append(&ch->all, ch->text.data ? ch->text.data : "", ch->text.len);
+    buf_reset(&ch->text);
+    struct tool_call_parse tp;
+    tool_call_parse(&r->oa.tool_syntax, ch->all.data, ch->all.len, ended, &tp);
+    const char *all = ch->all.data ? ch->all.data : "";
+    size_t n_content = 0;
+    if (tp.content_len > ch->content_sent && !(tp.is_failed && ch->calls_begun > 0))
+        n_content = tp.content_len - ch->content_sent;
+    if (n_content || ch->n_pending) {
+        struct openai_choice c = {
+            .index = i,
+            .text = all + ch->content_sent,
+            .text_len = n_content,
+            .tok = r->tok,
+            .stream = &ch->lp_stream,
+            .ids = ch->ids,
+            .lps = ch->lps && ch->n_pending ? ch->lps : NULL,
+            .n_lps = ch->n_pending,
+            .n_top = r->oa.n_logprobs,
+        };
+        if (n_content || c.lps) emit_chunk(r, &c, NULL, 1);
+        ch->content_sent += n_content;
+        ch->n_pending = 0;
+    }
+    for (int32_t k = 0; k < tp.n_calls && !tp.is_failed; k++) {
+        const struct tool_call_found *f = &tp.calls[k];
+        if (!f->has_name) break;
+        struct openai_tool_call tc = {.index = k};
+        struct openai_choice c = {.index = i, .tool_calls = &tc, .n_tool_calls = 1};
+        if (k >= ch->calls_begun) {
+            tool_call_make_id(&r->oa.tool_syntax, ch->call_ids[k], sizeof(ch->call_ids[k]));
+            tc.id = ch->call_ids[k];
+            tc.name = all + f->name_off;
+            tc.name_len = f->name_len;
+            emit_chunk(r, &c, NULL, 1);
+            ch->calls_begun = k + 1;
+            ch->args_sent[k] = 0;
+        }
+        if (f->args_len > ch->args_sent[k]) {
+            tc = (struct openai_tool_call){.index = k,
+                                           .arguments = all + f->args_off + ch->args_sent[k],
+                                           .arguments_len = f->args_len - ch->args_sent[k]};
+            emit_chunk(r, &c, NULL, 1);
+            ch->args_sent[k] = f->args_len;
+        }
+    }
+    if (ended) {
+        bool calls = ch->calls_begun > 0 && ch->finish == CHANNEL_FINISH_STOP;
+        struct openai_choice c = {
+            .index = i, .finish_reason = calls ? "tool_calls" : req_finish_reason(ch->finish)};
+        emit_chunk(r, &c, NULL, 1);
+        ch->finish_sent = true;
+    }
+    return true;
+}
+
 /* One chunk per choice with something new. Returns true if any was framed. */
 static bool emit_deltas(struct req *r) {
     bool any = false;
     for (int32_t i = 0; i < r->n_choices; i++) {
+        if (r->oa.parse_tools) {
+            any |= emit_tool_deltas(r, i);
+            continue;
+        }
         struct req_choice *ch = &r->choices[i];
         bool ended = ch->finish != CHANNEL_FINISH_NONE && !ch->finish_sent;
         if (!ch->text.len && !ch->n_pending && !ended) continue;
