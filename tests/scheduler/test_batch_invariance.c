@@ -33,6 +33,7 @@ struct req_spec {
     int32_t arrival_step;
     struct engine_adapter *adapter;  // borrowed; NULL: the base model
     struct gbnf *grammar;            // borrowed; NULL: unconstrained
+    const char *grammar_trigger;     // NULL: the grammar holds from the start
     float temperature;               // 0: greedy
     uint64_t seed;
 };
@@ -107,6 +108,7 @@ static void run(const struct engine_model *m, const struct scheduler_params *p,
             q.ignore_eos = true;
             q.adapter = reqs[i].adapter;
             q.grammar = reqs[i].grammar;
+            q.grammar_trigger = reqs[i].grammar_trigger;
             uint64_t id;
             assert_int_equal(scheduler_submit(s, &q, &id, &ch[i]), 0);
         }
@@ -142,6 +144,7 @@ static void make_reqs(uint64_t seed, int32_t n_vocab, struct req_spec *reqs, int
         r->arrival_step = (int32_t)(rng_next(&rng) % 12);
         r->adapter = NULL;
         r->grammar = NULL;
+        r->grammar_trigger = NULL;
         r->temperature = 0.0f;
         r->seed = 0;
     }
@@ -311,6 +314,107 @@ static void test_batch_invariance_grammar_completion_stops(void **state) {
     engine_model_free(m);
 }
 
+/* A GBNF literal of ASCII text, every byte as \xHH (grammar text of the test's own). */
+static void hex_literal(struct buf *b, const char *s, size_t n) {
+    buf_append_char(b, '"');
+    for (size_t i = 0; i < n; i++) {
+        char hx[8];
+        snprintf(hx, sizeof(hx), "\\x%02x", (unsigned)(unsigned char)s[i]);
+        buf_append_str(b, hx);
+    }
+    buf_append_char(b, '"');
+}
+
+/* A grammar waiting for a trigger (tool calling's "auto"): judged against
+ * the same request run free. With the trigger chosen as the text of the
+ * free run's token k (the first one that is plain ASCII, 2+ letters, and
+ * not in the text before it), tokens 0..k are the free run's (nothing is
+ * constrained before the trigger), then the grammar takes over: one digit
+ * and the sequence stops (STOP, before max_tokens). With a grammar whose
+ * sentences have "~" where the trigger's last byte is, the trigger's own
+ * bytes leave it: the grammar is dropped and the run is the free one. */
+static void test_batch_invariance_grammar_trigger(void **state) {
+    (void)state;
+    if (!have_models()) {
+        skip();
+        return;
+    }
+    struct engine_model *m = load("llama-f32.gguf");
+    int32_t n_vocab = engine_model_get_info(m)->n_vocab;
+    const struct tokenizer *tok = engine_model_tokenizer(m);
+    struct req_spec req[1];
+    struct result free_run[1], got[1];
+    struct scheduler_params p = params(1024, 64, true, ENGINE_KV_TYPE_F32);
+    int n_checked = 0;
+    for (uint64_t seed = 300; seed < 340 && n_checked < 3; seed++) {
+        make_reqs(seed, n_vocab, req, 1);
+        req[0].max_tokens = MAX_GEN;
+        run(m, &p, req, 1, free_run, NULL);
+        // the trigger: token k's piece, ASCII letters only, not in the text before it
+        struct buf text = {0}, piece = {0};
+        int32_t k = -1;
+        for (int32_t i = 0; i + 2 < free_run[0].n_tokens && k < 0; i++) {
+            buf_reset(&piece);
+            tokenizer_token_to_piece(tok, free_run[0].tokens[i], true, &piece);
+            bool letters = piece.len >= 2;
+            for (size_t j = 0; j < piece.len; j++)
+                letters &= (piece.data[j] >= 'a' && piece.data[j] <= 'z');
+            buf_append(&text, piece.data ? piece.data : "", piece.len);
+            if (!letters) continue;
+            bool earlier = false;  // the trigger must first appear ending at token i
+            for (size_t j = 0; j + piece.len < text.len; j++)
+                earlier |= memcmp(text.data + j, piece.data, piece.len) == 0;
+            if (!earlier) k = i;
+        }
+        if (k < 0) {
+            buf_free(&text);
+            buf_free(&piece);
+            continue;
+        }
+        char trigger[64];
+        snprintf(trigger, sizeof(trigger), "%.*s", (int)piece.len, piece.data);
+        struct buf gt = {0};
+        buf_append_str(&gt, "root ::= ");
+        hex_literal(&gt, trigger, strlen(trigger));
+        buf_append_str(&gt, " [0-9]");
+        struct gbnf *g = NULL;
+        assert_int_equal(gbnf_compile(gt.data, gt.len, &g, NULL, 0), 0);
+        req[0].grammar = g;
+        req[0].grammar_trigger = trigger;
+        run(m, &p, req, 1, got, NULL);
+        assert_true(got[0].n_tokens >= k + 2);
+        assert_memory_equal(got[0].tokens, free_run[0].tokens, (size_t)(k + 1) * sizeof(int32_t));
+        struct buf rest = {0};
+        for (int32_t i = k + 1; i < got[0].n_tokens; i++)
+            tokenizer_token_to_piece(tok, got[0].tokens[i], false, &rest);
+        assert_int_equal(rest.len, 1);
+        assert_true(rest.data[0] >= '0' && rest.data[0] <= '9');
+        assert_int_equal(got[0].finish, CHANNEL_FINISH_STOP);
+        buf_free(&rest);
+        gbnf_release(g);
+        // a grammar the trigger token's bytes leave: dropped, the run is the free one
+        buf_reset(&gt);
+        buf_append_str(&gt, "root ::= ");
+        hex_literal(&gt, trigger, strlen(trigger) - 1);
+        buf_append_str(&gt, " \"~\" [0-9]");
+        g = NULL;
+        assert_int_equal(gbnf_compile(gt.data, gt.len, &g, NULL, 0), 0);
+        req[0].grammar = g;
+        run(m, &p, req, 1, got, NULL);
+        assert_int_equal(got[0].n_tokens, free_run[0].n_tokens);
+        assert_memory_equal(got[0].tokens, free_run[0].tokens,
+                            (size_t)free_run[0].n_tokens * sizeof(int32_t));
+        assert_int_equal(got[0].finish, free_run[0].finish);
+        gbnf_release(g);
+        buf_free(&gt);
+        buf_free(&text);
+        buf_free(&piece);
+        n_checked++;
+    }
+    assert_int_equal(n_checked, 3);
+    engine_model_free(m);
+}
+
 static void test_batch_invariance_across_preemption(void **state) {
     (void)state;
     if (!have_models()) {
@@ -453,6 +557,7 @@ int main(void) {
         cmocka_unit_test(test_batch_invariance_across_preemption),
         cmocka_unit_test(test_batch_invariance_grammar),
         cmocka_unit_test(test_batch_invariance_grammar_completion_stops),
+        cmocka_unit_test(test_batch_invariance_grammar_trigger),
         cmocka_unit_test(test_batch_invariance_sliding_window),
         cmocka_unit_test(test_batch_invariance_quantized),
         cmocka_unit_test(test_batch_invariance_kv_types),
