@@ -10,6 +10,8 @@
 
 #include <cmocka.h>
 
+#include <jansson.h>
+
 #include "engine/base/err.h"
 #include "server/openai.h"
 
@@ -127,6 +129,133 @@ static void test_openai_chat_messages_and_parts(void **state) {
     openai_request_deinit(&r);
 }
 
+/* tools, tool_choice and tool messages: parsed as OpenAI documents them,
+ * the client errors 400s that name the field. */
+#define MSG "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]"
+#define TOOL(name) "{\"type\":\"function\",\"function\":{\"name\":\"" name "\"," \
+    "\"description\":\"d\",\"parameters\":{\"type\":\"object\",\"properties\":" \
+    "{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}}}"
+static void test_openai_tools(void **state) {
+    (void)state;
+    struct openai_request r;
+    struct openai_error e;
+    assert_int_equal(parse(OPENAI_ROUTE_CHAT, "{" MSG ",\"tools\":[" TOOL("f") "," TOOL("g") "]}",
+                           &r, &e), 0);
+    assert_int_equal(r.n_tools, 2);
+    assert_int_equal(r.tool_choice, OPENAI_TOOL_CHOICE_AUTO);  // OpenAI: auto when tools are given
+    assert_true(r.parallel_tool_calls);
+    assert_string_equal(r.tools[1].name, "g");
+    // what the templates print: json.dumps' separators, the members in order
+    assert_string_equal(r.tools[0].json,
+                        "{\"type\": \"function\", \"function\": {\"name\": \"f\", "
+                        "\"description\": \"d\", \"parameters\": {\"type\": \"object\", "
+                        "\"properties\": {\"a\": {\"type\": \"integer\"}}, "
+                        "\"required\": [\"a\"]}}}");
+    assert_int_equal(r.tools[0].n_members, 3);
+    assert_true(r.tools[0].members[1].is_string);
+    assert_false(r.tools[0].members[2].is_string);
+    openai_request_deinit(&r);
+    assert_int_equal(parse(OPENAI_ROUTE_CHAT, "{" MSG ",\"tools\":[" TOOL("f") "," TOOL("g") "],"
+                           "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":"
+                           "\"g\"}},\"parallel_tool_calls\":false}", &r, &e), 0);
+    assert_int_equal(r.tool_choice, OPENAI_TOOL_CHOICE_NAMED);
+    assert_int_equal(r.tool_named, 1);
+    assert_false(r.parallel_tool_calls);
+    openai_request_deinit(&r);
+    assert_int_equal(parse(OPENAI_ROUTE_CHAT, "{" MSG ",\"tools\":[" TOOL("f") "],"
+                           "\"tool_choice\":\"none\"}", &r, &e), 0);
+    assert_int_equal(r.tool_choice, OPENAI_TOOL_CHOICE_NONE);
+    openai_request_deinit(&r);
+    // a history with a call and its result: arguments reach the template as
+    // the parsed object, re-serialised as tojson writes it
+    assert_int_equal(parse(OPENAI_ROUTE_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":"
+                           "\"x\"},{\"role\":\"assistant\",\"content\":null,\"tool_calls\":"
+                           "[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":"
+                           "\"f\",\"arguments\":\"{\\\"a\\\":1,\\\"b\\\":[true]}\"}}]},"
+                           "{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"ok\"}]}",
+                           &r, &e), 0);
+    assert_int_equal(r.messages[1].n_tool_calls, 1);
+    assert_string_equal(r.messages[1].content, "");
+    assert_string_equal(r.messages[1].tool_calls[0].name, "f");
+    assert_string_equal(r.messages[1].tool_calls[0].arguments, "{\"a\": 1, \"b\": [true]}");
+    assert_string_equal(r.messages[2].tool_call_id, "call_1");
+    openai_request_deinit(&r);
+
+    struct {
+        const char *body;
+        const char *param;
+    } bad[] = {
+        {"{" MSG ",\"tools\":{}}", "tools"},
+        {"{" MSG ",\"tools\":[{\"type\":\"code\"}]}", "tools"},
+        {"{" MSG ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a b\"}}]}", "tools"},
+        {"{" MSG ",\"tools\":[" TOOL("f") "," TOOL("f") "]}", "tools"},
+        {"{" MSG ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\","
+         "\"parameters\":{\"type\":\"integer\",\"minimum\":1}}}]}", "tools"},
+        {"{" MSG ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\","
+         "\"parameters\":5}}]}", "tools"},
+        {"{" MSG ",\"tool_choice\":\"required\"}", "tool_choice"},
+        {"{" MSG ",\"tools\":[" TOOL("f") "],\"tool_choice\":\"always\"}", "tool_choice"},
+        {"{" MSG ",\"tools\":[" TOOL("f") "],\"tool_choice\":{\"type\":\"function\","
+         "\"function\":{\"name\":\"h\"}}}", "tool_choice"},
+        {"{" MSG ",\"tools\":[" TOOL("f") "],\"tool_choice\":{\"type\":\"function\"}}",
+         "tool_choice"},
+        {"{" MSG ",\"tools\":[" TOOL("f") "],\"parallel_tool_calls\":\"yes\"}",
+         "parallel_tool_calls"},
+        {"{" MSG ",\"tools\":[" TOOL("f") "],\"tool_choice\":\"required\","
+         "\"response_format\":{\"type\":\"json_object\"}}", "tool_choice"},
+        {"{\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", "messages"},
+        {"{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"1\","
+         "\"function\":{\"name\":\"f\",\"arguments\":\"{nope\"}}]}]}", "messages"},
+        {"{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"1\","
+         "\"function\":{\"name\":\"f\",\"arguments\":{}}}]}]}", "messages"},
+        {"{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":5}]}", "messages"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        if (parse(OPENAI_ROUTE_CHAT, bad[i].body, &r, &e) != ERR_INVAL) fail_msg("case %zu", i);
+        if (!e.param || strcmp(e.param, bad[i].param) != 0)
+            fail_msg("case %zu: param %s, message %s", i, e.param ? e.param : "(null)", e.message);
+        assert_true(strlen(e.message) > 0);
+    }
+}
+
+/* Reply JSON with calls: content null, tool_calls as OpenAI shapes them; a
+ * chunk's delta carries index, and id/type/name only in a call's first. */
+static void test_openai_tool_call_shapes(void **state) {
+    (void)state;
+    struct openai_meta meta = {.id = "chatcmpl-1", .created = 1, .model = "m"};
+    struct openai_tool_call tc = {.index = 0, .id = "call_x", .name = "f", .name_len = 1,
+                                  .arguments = "{\"a\": 1}", .arguments_len = 8};
+    struct openai_choice c = {.index = 0, .finish_reason = "tool_calls", .tool_calls = &tc,
+                              .n_tool_calls = 1};
+    char *s = openai_chat_json(&meta, &c, 1, NULL, false);
+    json_t *root = json_loads(s, 0, NULL);
+    json_t *msg = json_object_get(json_array_get(json_object_get(root, "choices"), 0), "message");
+    assert_true(json_is_null(json_object_get(msg, "content")));
+    json_t *call = json_array_get(json_object_get(msg, "tool_calls"), 0);
+    assert_string_equal(json_string_value(json_object_get(call, "id")), "call_x");
+    assert_string_equal(json_string_value(json_object_get(call, "type")), "function");
+    assert_null(json_object_get(call, "index"));
+    json_t *fn = json_object_get(call, "function");
+    assert_string_equal(json_string_value(json_object_get(fn, "name")), "f");
+    assert_string_equal(json_string_value(json_object_get(fn, "arguments")), "{\"a\": 1}");
+    json_decref(root);
+    free(s);
+    struct openai_tool_call frag = {.index = 2, .arguments = "1}", .arguments_len = 2};
+    struct openai_choice d = {.index = 0, .tool_calls = &frag, .n_tool_calls = 1};
+    s = openai_chat_json(&meta, &d, 1, NULL, true);
+    root = json_loads(s, 0, NULL);
+    json_t *delta = json_object_get(json_array_get(json_object_get(root, "choices"), 0), "delta");
+    assert_null(json_object_get(delta, "content"));
+    call = json_array_get(json_object_get(delta, "tool_calls"), 0);
+    assert_int_equal(json_integer_value(json_object_get(call, "index")), 2);
+    assert_null(json_object_get(call, "id"));
+    assert_null(json_object_get(json_object_get(call, "function"), "name"));
+    assert_string_equal(json_string_value(json_object_get(json_object_get(call, "function"),
+                                                          "arguments")), "1}");
+    json_decref(root);
+    free(s);
+}
+
 static void test_openai_response_shapes(void **state) {
     (void)state;
     struct openai_meta meta = {.id = "cmpl-1", .created = 5, .model = "m"};
@@ -156,6 +285,8 @@ int main(void) {
         cmocka_unit_test(test_openai_prompt_forms),
         cmocka_unit_test(test_openai_rejects_hostile_bodies),
         cmocka_unit_test(test_openai_chat_messages_and_parts),
+        cmocka_unit_test(test_openai_tools),
+        cmocka_unit_test(test_openai_tool_call_shapes),
         cmocka_unit_test(test_openai_response_shapes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
