@@ -23,6 +23,7 @@
 #include "engine/base/fault.h"
 #include "engine/base/log.h"
 #include "server/json_schema.h"
+#include "server/tool_call.h"
 
 static int fail(struct openai_error *e, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

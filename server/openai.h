@@ -21,7 +21,6 @@
 #include "engine/text/chat.h"
 #include "engine/engine.h"
 #include "engine/text/stop.h"
-#include "server/tool_call.h"
 
 #define OPENAI_MAX_N 16          // choices per prompt
 #define OPENAI_MAX_PROMPTS 64    // prompts in one completion request

@@ -25,6 +25,7 @@
 #include "engine/base/buf.h"
 #include "scheduler/scheduler.h"
 #include "server/openai.h"
+#include "server/tool_call.h"
 
 struct route;
 struct slot;

@@ -21,6 +21,7 @@
 #include "server/lora_registry.h"
 #include "server/metrics.h"
 #include "server/req.h"
+#include "server/tool_call.h"
 #include "server/slot.h"
 #include "server/status.h"
 #include "server/web_files.h"

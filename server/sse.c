@@ -19,6 +19,7 @@
 #include "engine/base/clock.h"
 #include "server/openai.h"
 #include "server/req.h"
+#include "server/tool_call.h"
 #include "server/slot.h"
 
 void sse_frame_data(struct buf *out, const char *json) {

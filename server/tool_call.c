@@ -16,7 +16,6 @@
 #include "engine/base/alloc.h"
 #include "engine/base/clock.h"
 #include "server/json_schema.h"
-#include "server/openai.h"
 
 /* ---- grammar ----------------------------------------------------------------- */
 
@@ -248,16 +247,24 @@ void tool_call_parse(const struct chat_tool_syntax *syn, const char *text, size_
 
 void tool_call_make_id(const struct chat_tool_syntax *syn, char *out, size_t out_size) {
     ASSERT(out_size >= 32);
-    if (!syn->short_ids) {
-        openai_make_id("call_", out, out_size);
-        return;
-    }
+    // "call_" + 24 hex digits (OpenAI's look), or Mistral's 9 alphanumerics
     static const char alnum[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-    uint8_t r[9] = {0};
+    static const char hex[] = "0123456789abcdef";
+    uint8_t r[12] = {0};
     if (getrandom(r, sizeof(r), 0) != (ssize_t)sizeof(r)) {
         int64_t ns = clock_wall_ns();
         memcpy(r, &ns, sizeof(ns));
     }
-    for (size_t i = 0; i < sizeof(r); i++) out[i] = alnum[r[i] % (sizeof(alnum) - 1)];
-    out[sizeof(r)] = '\0';
+    size_t n = 0;
+    if (syn->short_ids) {
+        for (size_t i = 0; i < 9; i++) out[n++] = alnum[r[i] % (sizeof(alnum) - 1)];
+    } else {
+        memcpy(out, "call_", 5);
+        n = 5;
+        for (size_t i = 0; i < sizeof(r); i++) {
+            out[n++] = hex[r[i] >> 4];
+            out[n++] = hex[r[i] & 15];
+        }
+    }
+    out[n] = '\0';
 }
