@@ -343,12 +343,131 @@ static int parse_prompt(json_t *root, int32_t n_vocab, struct openai_request *r,
 
 /* ---- tools ------------------------------------------------------------------- */
 
-/* A JSON value as Jinja's tojson writes it (json.dumps: ", " and ": "), or
- * indented by 4 (json.dumps(indent=4)); jansson keeps the members' order. */
+/* A float as Python's repr() writes it, which json.dumps uses: the shortest
+ * digits that read back as x; fixed notation when the decimal point falls
+ * within -4 < decpt <= 16 (with ".0" for whole numbers), else d.ddde+XX with
+ * at least two exponent digits. */
+static void py_float(double x, struct buf *out) {
+    if (!isfinite(x)) {
+        buf_append_str(out, isnan(x) ? "NaN" : x > 0 ? "Infinity" : "-Infinity");
+        return;
+    }
+    char e[40];
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(e, sizeof(e), "%.*e", prec - 1, x);
+        if (strtod(e, NULL) == x) break;
+    }
+    // e is [-]d[.ddd]e[+-]XX
+    const char *p = e;
+    if (*p == '-') buf_append_char(out, *p++);
+    char digits[24];
+    int n = 0;
+    for (; *p && *p != 'e'; p++) {
+        if (*p != '.') digits[n++] = *p;
+    }
+    digits[n] = '\0';
+    int decpt = atoi(p + 1) + 1;
+    if (decpt > -4 && decpt <= 16) {
+        if (decpt <= 0) {
+            buf_append_str(out, "0.");
+            for (int i = 0; i < -decpt; i++) buf_append_char(out, '0');
+            buf_append_str(out, digits);
+        } else if (decpt >= n) {
+            buf_append_str(out, digits);
+            for (int i = n; i < decpt; i++) buf_append_char(out, '0');
+            buf_append_str(out, ".0");
+        } else {
+            buf_append(out, digits, (size_t)decpt);
+            buf_append_char(out, '.');
+            buf_append_str(out, digits + decpt);
+        }
+        return;
+    }
+    buf_append_char(out, digits[0]);
+    if (n > 1) {
+        buf_append_char(out, '.');
+        buf_append_str(out, digits + 1);
+    }
+    char ex[16];
+    snprintf(ex, sizeof(ex), "e%+03d", decpt - 1);
+    buf_append_str(out, ex);
+}
+
+static void py_newline(struct buf *out, int indent, int level) {
+    buf_append_char(out, '\n');
+    for (int i = 0; i < indent * level; i++) buf_append_char(out, ' ');
+}
+
+/* v as Python's json.dumps(v, ensure_ascii=False[, indent=indent]) writes
+ * it: ", " and ": " separators, or with an indent "," and a new line per
+ * member; members in their order (jansson keeps it). */
+static void py_dumps(json_t *v, int indent, int level, struct buf *out) {
+    size_t i;
+    json_t *item;
+    const char *key;
+    switch (json_typeof(v)) {
+        case JSON_OBJECT:
+            if (json_object_size(v) == 0) {
+                buf_append_str(out, "{}");
+                break;
+            }
+            buf_append_char(out, '{');
+            i = 0;
+            json_object_foreach(v, key, item) {
+                if (i++) buf_append_str(out, indent ? "," : ", ");
+                if (indent) py_newline(out, indent, level + 1);
+                chat_append_json_string(out, key, strlen(key));
+                buf_append_str(out, ": ");
+                py_dumps(item, indent, level + 1, out);
+            }
+            if (indent) py_newline(out, indent, level);
+            buf_append_char(out, '}');
+            break;
+        case JSON_ARRAY:
+            if (json_array_size(v) == 0) {
+                buf_append_str(out, "[]");
+                break;
+            }
+            buf_append_char(out, '[');
+            json_array_foreach(v, i, item) {
+                if (i) buf_append_str(out, indent ? "," : ", ");
+                if (indent) py_newline(out, indent, level + 1);
+                py_dumps(item, indent, level + 1, out);
+            }
+            if (indent) py_newline(out, indent, level);
+            buf_append_char(out, ']');
+            break;
+        case JSON_STRING:
+            chat_append_json_string(out, json_string_value(v), json_string_length(v));
+            break;
+        case JSON_INTEGER: {
+            char n[32];
+            snprintf(n, sizeof(n), "%" PRId64, (int64_t)json_integer_value(v));
+            buf_append_str(out, n);
+            break;
+        }
+        case JSON_REAL:
+            py_float(json_real_value(v), out);
+            break;
+        case JSON_TRUE:
+            buf_append_str(out, "true");
+            break;
+        case JSON_FALSE:
+            buf_append_str(out, "false");
+            break;
+        case JSON_NULL:
+            buf_append_str(out, "null");
+            break;
+    }
+}
+
+/* A JSON value as Jinja's tojson writes it (chat.h): HF's filter is
+ * json.dumps(ensure_ascii=False), so tools and arguments read in the prompt
+ * exactly as the model saw them in training; indent 4 for tojson(indent=4). */
 static char *tojson(json_t *v, bool indent) {
-    char *s = json_dumps(v, JSON_ENCODE_ANY | (indent ? JSON_INDENT(4) : 0));
-    ASSERT(s);
-    return s;
+    struct buf b = {0};
+    py_dumps(v, indent ? 4 : 0, 0, &b);
+    return buf_take(&b);
 }
 
 /* messages[i].tool_calls (assistant) and .tool_call_id (tool): arguments

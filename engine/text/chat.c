@@ -170,28 +170,21 @@ static const char *or_empty(const char *s) {
     return s ? s : "";
 }
 
-/* A string as Jinja's tojson writes it (Python's json.dumps with
- * ensure_ascii=False): quotes, \" \\ \n \r \t \b \f, other control
- * characters as \u00XX, everything else as is. */
-static void append_json_string(struct buf *out, const char *s) {
+void chat_append_json_string(struct buf *out, const char *s, size_t n) {
     buf_append_char(out, '"');
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        char esc[8];
-        switch (*p) {
-            case '"': buf_append_str(out, "\\\""); break;
-            case '\\': buf_append_str(out, "\\\\"); break;
-            case '\n': buf_append_str(out, "\\n"); break;
-            case '\r': buf_append_str(out, "\\r"); break;
-            case '\t': buf_append_str(out, "\\t"); break;
-            case '\b': buf_append_str(out, "\\b"); break;
-            case '\f': buf_append_str(out, "\\f"); break;
-            default:
-                if (*p < 0x20) {
-                    snprintf(esc, sizeof(esc), "\\u%04x", (unsigned)*p);
-                    buf_append_str(out, esc);
-                } else {
-                    buf_append_char(out, (char)*p);
-                }
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        const char *esc = c == '"' ? "\\\"" : c == '\\' ? "\\\\" : c == '\n' ? "\\n"
+                        : c == '\r' ? "\\r" : c == '\t' ? "\\t" : c == '\b' ? "\\b"
+                        : c == '\f' ? "\\f" : NULL;
+        if (esc) {
+            buf_append_str(out, esc);
+        } else if (c < 0x20) {
+            char u[8];
+            snprintf(u, sizeof(u), "\\u%04x", (unsigned)c);
+            buf_append_str(out, u);
+        } else {
+            buf_append_char(out, (char)c);
         }
     }
     buf_append_char(out, '"');
@@ -503,7 +496,7 @@ static void render_llama3(const struct chat_message *msgs, int32_t n_msgs,
             buf_append_str(out, "}<|eot_id|>");
         } else if (role_of(m) == ROLE_TOOL) {
             buf_append_str(out, "<|start_header_id|>ipython<|end_header_id|>\n\n");
-            append_json_string(out, m->content);
+            chat_append_json_string(out, m->content, strlen(m->content));
             buf_append_str(out, "<|eot_id|>");
         } else {
             append_llama3_turn(out, m->role, m->content);

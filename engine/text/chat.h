@@ -155,6 +155,12 @@ bool chat_family_has_tools(enum chat_family f);
  * when the family has none (chat_family_has_tools() is false). */
 int chat_tool_syntax(enum chat_family f, struct chat_tool_syntax *out);
 
+/* Appends s[0, n) as a JSON string the way Jinja's tojson filter writes it
+ * in Hugging Face's templates (Python's json.dumps with ensure_ascii=False):
+ * quotes, \" \\ \n \r \t \b \f, other control characters as \u00xx, all
+ * else as is. [any thread] */
+void chat_append_json_string(struct buf *out, const char *s, size_t n);
+
 /* Renders n_msgs messages as family f's template does and appends the prompt to
  * out (out is borrowed; a zeroed struct buf is fine).
  *

@@ -1,12 +1,15 @@
 /* tests/server/test_openai.c - request parsing against the OpenAI API
  * reference (field names, types, defaults), hostile bodies, and response
  * shapes. */
+#define _POSIX_C_SOURCE 200809L
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -218,6 +221,60 @@ static void test_openai_tools(void **state) {
     }
 }
 
+/* Python's json.dumps(v, ensure_ascii=False[, indent=4]) of a JSON text,
+ * the oracle of what templates print (HF's tojson filter is json.dumps). */
+static char *python_dumps(const char *json_text, bool indent) {
+    char path[] = "/tmp/llmserve-tojson-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, json_text, strlen(json_text)), (ssize_t)strlen(json_text));
+    close(fd);
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd),
+             "/usr/bin/python3 -c 'import json,sys; sys.stdout.write(json.dumps(json.load("
+             "open(sys.argv[1])), ensure_ascii=False%s))' %s",
+             indent ? ", indent=4" : "", path);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    char *out = calloc(1, 65536);
+    size_t n = fread(out, 1, 65535, p);
+    out[n] = '\0';
+    assert_int_equal(pclose(p), 0);
+    unlink(path);
+    return out;
+}
+
+/* Tools and arguments reach the templates as Python's json.dumps writes
+ * them: numbers in repr's shortest form, strings with its escapes. */
+static void test_openai_tools_serialised_as_python_does(void **state) {
+    (void)state;
+    const char *tool =
+        "{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":\"caf\xc3\xa9 "
+        "\\u001f/\\u2028 \\\"q\\\"\\n\",\"parameters\":{\"type\":\"object\",\"properties\":"
+        "{\"a\":{\"type\":\"number\",\"examples\":[0.1,1e100,1e-5,0.0001,1e15,1e16,-0.0,"
+        "123.456,2.5e-7,3,-17,1.5,0.30000000000000004,12345678901234567890.0]},"
+        "\"b\":{\"type\":\"array\",\"items\":{}},\"c\":{\"type\":\"object\",\"properties\":{}}},"
+        "\"required\":[]}}}";
+    char body[4096];
+    snprintf(body, sizeof(body), "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},"
+             "{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"1\",\"type\":\"function\","
+             "\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\": [0.1, 1e100, {}], "
+             "\\\"s\\\": \\\"\\\\u00e9\\\"}\"}}]}],\"tools\":[%s]}", tool);
+    struct openai_request r;
+    struct openai_error e;
+    if (parse(OPENAI_ROUTE_CHAT, body, &r, &e) != 0) fail_msg("%s", e.message);
+    char *want = python_dumps(tool, false);
+    assert_string_equal(r.tools[0].json, want);
+    free(want);
+    want = python_dumps(tool, true);
+    assert_string_equal(r.tools[0].json_indent4, want);
+    free(want);
+    want = python_dumps("{\"a\": [0.1, 1e100, {}], \"s\": \"\\u00e9\"}", false);
+    assert_string_equal(r.messages[1].tool_calls[0].arguments, want);
+    free(want);
+    openai_request_deinit(&r);
+}
+
 /* Reply JSON with calls: content null, tool_calls as OpenAI shapes them; a
  * chunk's delta carries index, and id/type/name only in a call's first. */
 static void test_openai_tool_call_shapes(void **state) {
@@ -287,6 +344,7 @@ int main(void) {
         cmocka_unit_test(test_openai_chat_messages_and_parts),
         cmocka_unit_test(test_openai_tools),
         cmocka_unit_test(test_openai_tool_call_shapes),
+        cmocka_unit_test(test_openai_tools_serialised_as_python_does),
         cmocka_unit_test(test_openai_response_shapes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
