@@ -135,14 +135,16 @@ static void test_sigkill_then_restart(void **state) {
 
 /* --request-timeout: a stream that runs longer ends with an OpenAI error
  * event (code request_timeout); a plain request queued behind
- * it (--max-seqs 1) gets 504 with an OpenAI error; the server then answers
- * at once. n = 8 x 2000 tokens take several seconds here (3.6 s for n = 4
- * unloaded-ish), against the limit of 1 s. */
+ * it (--max-seqs 32, all taken) gets 504 with an OpenAI error; the server then answers
+ * at once. 4 prompts x n = 8 x 2000 tokens (32 sequences) take seconds
+ * even on a quiet machine, against the limit of 1 s; one prompt x 8 took
+ * under 1 s there, and the stream ended before its deadline. */
 static void test_request_timeout(void **state) {
     (void)state;
     struct httptest_server s;
-    httptest_start(&s, httptest_model("llama256-f32"), "--request-timeout 1 --max-seqs 8");
-    const char *body = "{\"prompt\":\"x\",\"max_tokens\":2000,\"n\":8,\"ignore_eos\":true%s}";
+    httptest_start(&s, httptest_model("llama256-f32"), "--request-timeout 1 --max-seqs 32");
+    const char *body = "{\"prompt\":[\"x\",\"y\",\"z\",\"w\"],\"max_tokens\":2000,\"n\":8,"
+                       "\"ignore_eos\":true%s}";
     char stream_body[256];
     snprintf(stream_body, sizeof(stream_body), body, ",\"stream\":true");
     char plain_body[256];
