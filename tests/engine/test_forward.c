@@ -160,12 +160,18 @@ static void check_row(const struct fixture *f, int seq, int32_t pos, const float
     }
 }
 
+/* When set, run_schedule() runs this model in this process alone (no ranks)
+ * and writes its rows into the fixture's reference instead of checking them:
+ * the oracle of the quantized models under TP (check_model_sharded_quant). */
+static struct engine_model *record_model;
+
 /* Runs the whole batch schedule: at each step, each sequence contributes up to
  * chunk[s] next tokens; all its rows ask for logits and are checked. */
 static void run_schedule(const struct fixture *f, int32_t block_size, int32_t max_chunk,
                          bool together, bool shuffle_blocks, const char *mode) {
     struct engine_ctx_params cp = engine_ctx_default_params();
     cp.n_threads = tp_comm ? 1 : 2;  // N ranks share the cores
+    if (record_model) cp.n_threads = 1;
     cp.block_size = block_size;
     int32_t n_blocks_seq[MAX_SEQS];
     int32_t total_blocks = 1;
@@ -177,10 +183,10 @@ static void run_schedule(const struct fixture *f, int32_t block_size, int32_t ma
     cp.max_batch_tokens = 128;
     cp.max_outputs = 128;
     cp.max_seqs = MAX_SEQS;
-    cp.comm = tp_comm;
+    cp.comm = record_model ? NULL : tp_comm;
     struct engine_ctx *ctx = NULL;
-    tp_send(JOB_CTX, NULL);
-    assert_int_equal(engine_ctx_create(f->model, &cp, &ctx), 0);
+    if (!record_model) tp_send(JOB_CTX, NULL);
+    assert_int_equal(engine_ctx_create(record_model ? record_model : f->model, &cp, &ctx), 0);
     open_ctx = ctx;
 
     // Block ids 1..total-1, optionally shuffled with a fixed LCG, dealt to sequences.
@@ -238,7 +244,13 @@ static void run_schedule(const struct fixture *f, int32_t block_size, int32_t ma
         const float *logits = NULL;
         assert_int_equal(engine_forward(ctx, &b, &logits), 0);
         for (int32_t i = 0; i < n; i++) {
-            check_row(f, rows_seq[i], rows_pos[i], logits + (size_t)i * f->n_vocab, mode);
+            const float *row = logits + (size_t)i * f->n_vocab;
+            if (record_model) {
+                float *ref = (float *)f->ref[rows_seq[i]] + (size_t)rows_pos[i] * f->n_vocab;
+                memcpy(ref, row, (size_t)f->n_vocab * sizeof(float));
+            } else {
+                check_row(f, rows_seq[i], rows_pos[i], row, mode);
+            }
         }
     }
     free(ids);
@@ -301,10 +313,19 @@ static void check_model_sharded_quant(const char *name) {
         for (size_t i = 0; i < n; i++) max_abs = fmaxf(max_abs, fabsf(logits[i]));
     }
     engine_ctx_free(ctx);
-    engine_model_free(whole);
     f.tol = 1e-4f * (max_abs > 1.0f ? max_abs : 1.0f);
     run_schedule(&f, 16, 64, false, false, "sharded, alone, one prefill");
+    // The chunked schedule against the single process on the same schedule,
+    // not against one prefill: on an AVX2 machine the single process alone
+    // gives llama-kv4-q8_0's seq 0 at pos 24 (decoded token by token) 0.099
+    // away from its one-prefill row (logits up to 13), which is no matter of
+    // the slices and allreduces this test is about (see issue 19's note: a
+    // quantized model's chunked and whole prefill differ there).
+    record_model = whole;
+    run_schedule(&f, 4, 7, true, true, "single process, together, chunked (the oracle)");
+    record_model = NULL;
     run_schedule(&f, 4, 7, true, true, "sharded, together, chunked, shuffled 4-token blocks");
+    engine_model_free(whole);
     fixture_free(&f);
 }
 
