@@ -38,6 +38,7 @@ struct config {
     int32_t max_seqs;             // sequences running at once
     int32_t max_batch_tokens;     // token budget of one step
     int32_t prefill_chunk;        // prefill tokens of a step beside decodes, 0: no limit
+    int32_t step_ratio;           // percent a step with prompt work may cost of a decode step, 0: off
     int32_t draft_n;              // speculative decoding: draft tokens per step, 0: off
     int32_t max_queue;            // requests waiting before 429
     int64_t max_body_bytes;       // largest request body before 413

@@ -50,6 +50,9 @@ const struct setting setting_table[] = {
      1 << 20, "N", "token budget of one step (prefill chunk + decodes)"},
     {"prefill-chunk", 0, "prefill_chunk", SETTING_KIND_I32, OFF(prefill_chunk), 0, 1 << 20, "N",
      "prefill tokens of a step beside decodes (shortest prompt first), 0 = no limit"},
+    {"step-ratio", 0, "step_ratio", SETTING_KIND_I32, OFF(step_ratio), 0, 100000, "PCT",
+     "a step with prompt work costs at most PCT% of a decode step of every sequence present "
+     "(inter-token latency while prompts arrive), 0 = --prefill-chunk alone"},
     {"draft-n", 0, "draft_n", SETTING_KIND_I32, OFF(draft_n), 0, 16, "N",
      "speculative decoding: up to N prompt-lookup draft tokens per step at batch <= 4, 0 = off"},
     {"max-queue", 0, "max_queue", SETTING_KIND_I32, OFF(max_queue), 1, 1 << 20, "N",

@@ -36,13 +36,34 @@
  * of decodes) tokens per step: a step costs at most about twice a decode
  * step once decodes are compute-bound, and no more than one when they read
  * weights (a chunk of prefill_chunk tokens rides on the same weight reads).
+ * That bound is in tokens, and a step of 32 decodes and 256 prompt tokens
+ * still costs 8 of them when decodes are compute-bound (the 110M model on an
+ * AVX2 machine: inter-token p99 8x the median while 2000-token prompts kept
+ * arriving, docs/benchmarks.md). So step_ratio r (percent, default 150) bounds
+ * the step's cost instead: with n sequences present (running and waiting, at
+ * most max_seqs), d of them decoding, and a step costing f + tokens (f the
+ * fixed cost in tokens, fitted from the step times by step_cost.h), prompt
+ * work gets p = r (n + f) - f - d tokens: the step costs at most r times the
+ * one in which all n decode, which is what their streams see once the prompts
+ * are in. p is at least PLAN_MIN_PREFILL (a prompt beside a few streams still
+ * moves) and at most prefill_chunk. While more candidates could be finished
+ * by a chunk of prefill_chunk than there are decodes (32 prompts arrived
+ * together, few are done), prompt work gets prefill_chunk: the long steps are
+ * seen by the few streams already going, and finishing the many short prompts
+ * in large chunks is what nearly halves their median time to first token. Long
+ * prompts do not count (a chunk does not finish them): beside them the ratio
+ * holds (a first version counted every waiting sequence, and the backlog of
+ * 2000-token prompts as the last streams finished put p99 back at 6x). When a model reads its weights
+ * once for many tokens (large f), the tokens that ride free on those reads are
+ * given to prompts.
  * With no decode in the step, the first candidate may take its whole need
  * (up to the budget): a lone prompt is not chunked for nobody's sake. Shortest
  * first then finishes prompts one after another, each client's first token
  * coming as soon as its own prompt is done. A candidate that needs at most a
  * quarter more than what is left of the allowance takes it all, so no chunk of
  * a few tokens is left over for another step. prefill_chunk 0 is the whole
- * budget (no allowance).
+ * budget (no allowance, step_ratio ignored); step_ratio 0 is
+ * max(prefill_chunk, d) alone.
  * When a running sequence needs a block and none is free, the newest running
  * sequence is preempted (recompute: blocks freed, tokens kept, head of the
  * waiting queue), repeatedly, down to the sequence itself.
@@ -280,6 +301,25 @@ static int32_t take_of(const struct planner *pl, const struct seq *s, int32_t le
     return take < pl->budget ? take : pl->budget;
 }
 
+/* Prompt tokens beside n_decodes decodes under step_ratio r: the step of
+ * f + d + p tokens (f its fixed cost) may cost r times the step in which all
+ * n sequences present (running and waiting, at most max_seqs) decode, so
+ * p = r (n + f) - f - d, at least PLAN_MIN_PREFILL, at most prefill_chunk;
+ * prefill_chunk while more candidates than d need at most prefill_chunk. */
+static int32_t ratio_allowance(const struct planner *pl, int32_t n_cand, int32_t n_decodes) {
+    const struct plan_budget *b = pl->b;
+    int64_t n = (int64_t)pl->running->n + pl->waiting->n;
+    if (n > b->max_seqs) n = b->max_seqs;
+    const int64_t f = b->fixed_tokens > 0 ? b->fixed_tokens : 0;
+    int64_t p = b->step_ratio * (n + f) / 100 - f - n_decodes;
+    if (p < PLAN_MIN_PREFILL) p = PLAN_MIN_PREFILL;
+    int32_t n_finishable = 0;  // prompts a chunk would finish
+    for (int32_t i = 0; i < n_cand; i++) n_finishable += need_of(pl->out->cand[i]) <= b->prefill_chunk;
+    if (n_finishable > n_decodes) p = b->prefill_chunk;
+    if (p > b->prefill_chunk) p = b->prefill_chunk;
+    return (int32_t)p;
+}
+
 void plan_step(struct seq_queue *running, struct seq_queue *waiting, struct seq_queue *rejected,
                struct block_alloc *a, struct lora_slots *loras, const struct plan_budget *b,
                struct step_plan *out) {
@@ -311,6 +351,7 @@ void plan_step(struct seq_queue *running, struct seq_queue *waiting, struct seq_
     int32_t left = pl.budget;
     if (b->prefill_chunk > 0 && n_cand > 0) {
         left = b->prefill_chunk > n_decodes ? b->prefill_chunk : n_decodes;
+        if (b->step_ratio > 0) left = ratio_allowance(&pl, n_cand, n_decodes);
         if (n_decodes == 0 && need_of(out->cand[0]) > left) left = need_of(out->cand[0]);
         if (left > pl.budget) left = pl.budget;
     }

@@ -26,6 +26,9 @@ struct plan_budget {
     int32_t max_seqs;          // running sequences at most, >= 1
     int32_t sliding_window;    // the model's window in tokens, 0: none
     int32_t prefill_chunk;     // prefill tokens of a step beside decodes (plan.c), 0: no limit
+    int32_t step_ratio;        // percent: a step with prompt work costs at most this much of
+                               //    one where every sequence present decodes (plan.c), 0: off
+    int32_t fixed_tokens;      // a step's fixed cost in tokens (step_cost.h), >= 0
     bool enable_prefix_cache;
 };
 
@@ -36,6 +39,10 @@ enum { PLAN_WAIT_WINDOW = 64 };
 /* A candidate passed over this many steps in a row goes first (no starvation
  * of long prompts by a stream of short ones). */
 enum { PLAN_MAX_PASSED_OVER = 32 };
+
+/* Under step_ratio, prompt work beside decodes gets at least this many tokens
+ * a step, so a prompt arriving beside a few streams still moves. */
+enum { PLAN_MIN_PREFILL = 16 };
 
 /* One step's decision. Arrays are sized once (step_plan_init) and reused. */
 struct step_plan {

@@ -32,6 +32,7 @@
 #include "scheduler/mailbox.h"
 #include "scheduler/plan.h"
 #include "scheduler/seq.h"
+#include "scheduler/step_cost.h"
 
 struct scheduler {
     const struct engine_model *model;   // borrowed; outlives the scheduler
@@ -50,6 +51,7 @@ struct scheduler {
     struct seq_queue rejected;          // filled by plan_step, emptied in the same step
     struct step_plan plan;              // owned arrays
     struct plan_budget budget;
+    struct step_cost cost;              // the fitted step time against tokens
     int32_t *b_token;                   // owned; [max_batch_tokens]
     int32_t *b_pos;                     // owned; [max_batch_tokens]
     int32_t *b_seq;                     // owned; [max_batch_tokens]
@@ -107,6 +109,7 @@ struct scheduler_params scheduler_default_params(void) {
         .max_seqs = 64,
         .max_batch_tokens = 2048,  // = config.c's default (tests/server/test_defaults.c)
         .prefill_chunk = 256,
+        .step_ratio = 150,
         .max_queue = 1024,
         .enable_prefix_cache = true,
         .n_threads = 0,
@@ -503,6 +506,7 @@ int32_t scheduler_step(struct scheduler *s) {
     if (s->stopping && clock_mono_ns() >= s->t_stop_deadline_ns) cancel_all(s);
 
     struct step_plan *plan = &s->plan;
+    s->budget.fixed_tokens = s->cost.fixed;
     plan_step(&s->running, &s->waiting, &s->rejected, s->alloc, &s->loras, &s->budget, plan);
     s->cur.n_preemptions += plan->n_preempted;
     s->cur.n_prefix_hit_tokens += plan->n_prefix_hit_tokens;
@@ -566,6 +570,7 @@ int32_t scheduler_step(struct scheduler *s) {
     const bool is_timed = s->is_timed;
     const int64_t n_generated_before = s->cur.n_generated_tokens;
     int err = engine_forward(s->ctx, &batch, &logits);
+    if (!err) step_cost_observe(&s->cost, n, clock_mono_ns() - t_forward_ns);
     if (err) {
         LOG_ERROR("engine_forward failed: %s; failing %d sequences", err_str(err),
                   (int)plan->n_seqs);
@@ -803,6 +808,8 @@ int scheduler_create(const struct engine_model *model, const struct scheduler_pa
     step_plan_init(&s->plan, p->max_seqs);
     s->budget.max_batch_tokens = p->max_batch_tokens;
     s->budget.prefill_chunk = p->prefill_chunk;
+    s->budget.step_ratio = p->step_ratio;
+    step_cost_init(&s->cost);
     s->budget.max_seqs = p->max_seqs;
     s->budget.sliding_window = s->sliding_window;
     s->budget.enable_prefix_cache = p->enable_prefix_cache;

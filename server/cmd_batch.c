@@ -81,6 +81,8 @@ static void batch_usage(FILE *fp) {
             "      --max-seqs N           running sequences at most (default 64)\n"
             "      --max-batch-tokens N   tokens per step (default 2048)\n"
             "      --prefill-chunk N      prefill tokens of a step beside decodes (default 256, 0 = no limit)\n"
+            "      --step-ratio PCT       a step with prompt work costs at most PCT%% of a decode step\n"
+            "                             of every sequence present (default 150, 0 = off)\n"
             "      --draft-n N            speculative decoding: up to N prompt-lookup draft tokens per\n"
             "                             step at batch <= 4 (default 0 = off, at most 16)\n"
             "      --draft-always         draft even where it does not pay (default: only while\n"
@@ -278,6 +280,7 @@ static int parse_opts(int argc, char **argv, struct batch_opts *o, struct batch_
         {"max-seqs", required_argument, NULL, 'S'},
         {"max-batch-tokens", required_argument, NULL, 'T'},
         {"prefill-chunk", required_argument, NULL, 'C'},
+        {"step-ratio", required_argument, NULL, 'r'},
         {"draft-n", required_argument, NULL, 'D'},
         {"draft-always", no_argument, NULL, 'A'},
         {"no-prefix-cache", no_argument, NULL, 'N'},
@@ -303,6 +306,7 @@ static int parse_opts(int argc, char **argv, struct batch_opts *o, struct batch_
         case 'S': ok = parse_i32(optarg, 1, 4096, &sp->max_seqs); break;
         case 'T': ok = parse_i32(optarg, 1, 1 << 20, &sp->max_batch_tokens); break;
         case 'C': ok = parse_i32(optarg, 0, 1 << 20, &sp->prefill_chunk); break;
+        case 'r': ok = parse_i32(optarg, 0, 100000, &sp->step_ratio); break;
         case 'D': ok = parse_i32(optarg, 0, SCHEDULER_MAX_DRAFT, &sp->draft_n); break;
         case 'A': sp->draft_always = true; break;
         case 'N': sp->enable_prefix_cache = false; break;

@@ -67,6 +67,7 @@ static int start_scheduler(const struct config *cfg, struct engine_model *model,
     sp.max_seqs = cfg->max_seqs;
     sp.max_batch_tokens = cfg->max_batch_tokens;
     sp.prefill_chunk = cfg->prefill_chunk;
+    sp.step_ratio = cfg->step_ratio;
     sp.draft_n = cfg->draft_n;
     sp.max_queue = cfg->max_queue;
     sp.n_threads = cfg->n_threads;

@@ -290,6 +290,78 @@ static void test_plan_prefill_beside_decodes(void **state) {
     fx_deinit();
 }
 
+/* Under step_ratio r beside d decodes, with n sequences present and a fixed
+ * cost of f tokens, a prompt gets p = r (n + f) - f - d tokens, at least
+ * PLAN_MIN_PREFILL and at most prefill_chunk (values by hand). */
+static void test_plan_step_ratio_allowance(void **state) {
+    (void)state;
+    struct {
+        int32_t ratio, fixed, chunk, want;
+    } cases[] = {
+        {300, 0, 256, 27},   // 300% of 13 = 39, minus 12 decodes
+        {300, 10, 256, 47},  // 300% of 23 = 69, minus 10 and 12
+        {150, 0, 256, 16},   // 150% of 13 = 19 (19.5), minus 12 = 7: the floor
+        {150, 40, 256, 27},  // 150% of 53 = 79 (79.5), minus 40 and 12
+        {300, 10, 30, 30},   // the cap
+        {300, 10, 12, 12},   // a cap under the floor wins
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        fx_init(128, 200, 16, false);
+        struct seq *d[12];
+        for (int i = 0; i < 12; i++) d[i] = add(1, 20, i);
+        plan();
+        execute();  // twelve decoders
+        fx.b.prefill_chunk = cases[k].chunk;
+        fx.b.step_ratio = cases[k].ratio;
+        fx.b.fixed_tokens = cases[k].fixed;
+        struct seq *p = add(200, 4, 40);
+        plan();
+        assert_int_equal(n_new_of(p), cases[k].want);
+        for (int i = 0; i < 12; i++) assert_int_equal(n_new_of(d[i]), 1);
+        fx_deinit();
+    }
+}
+
+/* The sequences present are counted up to max_seqs: a queue of 40 waiting
+ * 150-token prompts (longer than the chunk of 100: none counts as finishable)
+ * beside 4 decodes, max_seqs 8, ratio 300: 300% of 8 - 4 = 20 tokens of prompt
+ * work (counting all 44 would give 132 - 4, capped at 100). */
+static void test_plan_step_ratio_counts_at_most_max_seqs(void **state) {
+    (void)state;
+    fx_init(256, 400, 8, false);
+    for (int i = 0; i < 4; i++) add(1, 20, i);
+    plan();
+    execute();  // four decoders
+    fx.b.prefill_chunk = 100;
+    fx.b.step_ratio = 300;
+    for (int i = 0; i < 40; i++) add(150, 4, 10 + i);
+    plan();
+    assert_int_equal(fx.plan.n_tokens, 4 + 20);
+    assert_int_equal(fx.running.n, 5);
+    fx_deinit();
+}
+
+/* While more candidates need at most prefill_chunk than there are decodes,
+ * prompt work gets prefill_chunk: 2 decodes, 10 waiting 10-token prompts
+ * (n = 12), chunk 40, ratio 150: 40 tokens, four prompts (the ratio alone
+ * would give 18 - 2 = 16). Then 6 decodes and 6 such prompts: the ratio. */
+static void test_plan_step_ratio_most_waiting_get_the_chunk(void **state) {
+    (void)state;
+    fx_init(256, 400, 16, false);
+    for (int i = 0; i < 2; i++) add(1, 20, i);
+    plan();
+    execute();  // two decoders
+    fx.b.prefill_chunk = 40;
+    fx.b.step_ratio = 150;
+    for (int i = 0; i < 10; i++) add(10, 4, 10 + i);
+    plan();
+    assert_int_equal(fx.plan.n_tokens, 2 + 40);
+    execute();  // now 6 decode, 6 wait: the ratio, 18 - 6 = 12, raised to PLAN_MIN_PREFILL 16
+    plan();
+    assert_int_equal(fx.plan.n_tokens, 6 + 10 + 6);  // 10 of one prompt, 6 of the next
+    fx_deinit();
+}
+
 /* A candidate passed over PLAN_MAX_PASSED_OVER steps goes first. */
 static void test_plan_prefill_passed_over_goes_first(void **state) {
     (void)state;
@@ -437,6 +509,9 @@ int main(void) {
         cmocka_unit_test(test_plan_prefill_lone_prompt_not_chunked),
         cmocka_unit_test(test_plan_prefill_beside_decodes),
         cmocka_unit_test(test_plan_prefill_passed_over_goes_first),
+        cmocka_unit_test(test_plan_step_ratio_allowance),
+        cmocka_unit_test(test_plan_step_ratio_counts_at_most_max_seqs),
+        cmocka_unit_test(test_plan_step_ratio_most_waiting_get_the_chunk),
         cmocka_unit_test(test_plan_preempted_decoder_gives_no_allowance),
         cmocka_unit_test(test_plan_preempts_newest_and_skips_admission),
         cmocka_unit_test(test_plan_preempts_itself_when_alone_is_newest),
