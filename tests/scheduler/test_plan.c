@@ -290,6 +290,13 @@ static void test_plan_prefill_beside_decodes(void **state) {
     fx_deinit();
 }
 
+/* n one-token sequences, planned and executed once: n decoders. */
+static void start_decoders(int n) {
+    for (int i = 0; i < n; i++) add(1, 20, i);
+    plan();
+    execute();
+}
+
 /* Under step_ratio r beside d decodes, with n sequences present and a fixed
  * cost of f tokens, a prompt gets p = r (n + f) - f - d tokens, at least
  * PLAN_MIN_PREFILL and at most prefill_chunk (values by hand). */
@@ -307,17 +314,14 @@ static void test_plan_step_ratio_allowance(void **state) {
     };
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
         fx_init(128, 200, 16, false);
-        struct seq *d[12];
-        for (int i = 0; i < 12; i++) d[i] = add(1, 20, i);
-        plan();
-        execute();  // twelve decoders
+        start_decoders(12);
         fx.b.prefill_chunk = cases[k].chunk;
         fx.b.step_ratio = cases[k].ratio;
         fx.b.fixed_tokens = cases[k].fixed;
         struct seq *p = add(200, 4, 40);
         plan();
         assert_int_equal(n_new_of(p), cases[k].want);
-        for (int i = 0; i < 12; i++) assert_int_equal(n_new_of(d[i]), 1);
+        assert_int_equal(fx.plan.n_tokens, 12 + cases[k].want);  // and the twelve decodes
         fx_deinit();
     }
 }
@@ -329,9 +333,7 @@ static void test_plan_step_ratio_allowance(void **state) {
 static void test_plan_step_ratio_counts_at_most_max_seqs(void **state) {
     (void)state;
     fx_init(256, 400, 8, false);
-    for (int i = 0; i < 4; i++) add(1, 20, i);
-    plan();
-    execute();  // four decoders
+    start_decoders(4);
     fx.b.prefill_chunk = 100;
     fx.b.step_ratio = 300;
     for (int i = 0; i < 40; i++) add(150, 4, 10 + i);
@@ -348,9 +350,7 @@ static void test_plan_step_ratio_counts_at_most_max_seqs(void **state) {
 static void test_plan_step_ratio_most_waiting_get_the_chunk(void **state) {
     (void)state;
     fx_init(256, 400, 16, false);
-    for (int i = 0; i < 2; i++) add(1, 20, i);
-    plan();
-    execute();  // two decoders
+    start_decoders(2);
     fx.b.prefill_chunk = 40;
     fx.b.step_ratio = 150;
     for (int i = 0; i < 10; i++) add(10, 4, 10 + i);
