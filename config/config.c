@@ -29,7 +29,7 @@ void config_init_defaults(struct config *c) {
     c->max_seqs = 64;
     c->max_batch_tokens = 2048;  // = scheduler_default_params() (tests/server/test_defaults.c)
     c->prefill_chunk = 256;
-    c->step_ratio = 150;
+    c->step_ratio = 125;
     c->max_queue = 1024;
     c->max_body_bytes = 4LL * 1024 * 1024;
     c->request_timeout_s = 600;

@@ -39,7 +39,7 @@
  * That bound is in tokens, and a step of 32 decodes and 256 prompt tokens
  * still costs 8 of them when decodes are compute-bound (the 110M model on an
  * AVX2 machine: inter-token p99 8x the median while 2000-token prompts kept
- * arriving, docs/benchmarks.md). So step_ratio r (percent, default 150) bounds
+ * arriving, docs/benchmarks.md). So step_ratio r (percent, default 125) bounds
  * the step's cost instead: with n sequences present (running and waiting, at
  * most max_seqs), d of them decoding, and a step costing f + tokens (f the
  * fixed cost in tokens, fitted from the step times by step_cost.h), prompt

@@ -109,7 +109,7 @@ struct scheduler_params scheduler_default_params(void) {
         .max_seqs = 64,
         .max_batch_tokens = 2048,  // = config.c's default (tests/server/test_defaults.c)
         .prefill_chunk = 256,
-        .step_ratio = 150,
+        .step_ratio = 125,
         .max_queue = 1024,
         .enable_prefix_cache = true,
         .n_threads = 0,

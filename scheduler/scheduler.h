@@ -37,7 +37,7 @@ struct scheduler_params {
     int32_t max_batch_tokens;   // tokens per step: the token budget (2048)
     int32_t prefill_chunk;      // prefill tokens of a step beside decodes (plan.c; 256), 0: no limit
     int32_t step_ratio;         // percent a step with prompt work may cost of a decode step of
-                                //    every sequence present (plan.c; 150), 0: prefill_chunk alone
+                                //    every sequence present (plan.c; 125), 0: prefill_chunk alone
     int32_t max_queue;          // submitted but not yet running, at most (1024)
     bool enable_prefix_cache;   // automatic prefix caching (on)
     int32_t n_threads;          // kernel threads, 0: all cores

@@ -82,7 +82,7 @@ static void batch_usage(FILE *fp) {
             "      --max-batch-tokens N   tokens per step (default 2048)\n"
             "      --prefill-chunk N      prefill tokens of a step beside decodes (default 256, 0 = no limit)\n"
             "      --step-ratio PCT       a step with prompt work costs at most PCT%% of a decode step\n"
-            "                             of every sequence present (default 150, 0 = off)\n"
+            "                             of every sequence present (default 125, 0 = off)\n"
             "      --draft-n N            speculative decoding: up to N prompt-lookup draft tokens per\n"
             "                             step at batch <= 4 (default 0 = off, at most 16)\n"
             "      --draft-always         draft even where it does not pay (default: only while\n"

@@ -2,7 +2,7 @@
  * tests/server/test_defaults.c - `llmserve batch` and `llmserve serve` run
  * the scheduler with the same defaults. serve's come from config/ (what
  * README.md's flag table documents: max_seqs 64, max_batch_tokens 2048,
- * prefill_chunk 256, step_ratio 150, max_queue 1024, kv_memory 256M, block_size 16,
+ * prefill_chunk 256, step_ratio 125, max_queue 1024, kv_memory 256M, block_size 16,
  * max_loras 8); batch starts from scheduler_default_params().
  */
 #include <setjmp.h>
@@ -23,7 +23,7 @@ static void test_defaults_match_readme_and_each_other(void **state) {
     assert_int_equal(c.max_seqs, 64);
     assert_int_equal(c.max_batch_tokens, 2048);
     assert_int_equal(c.prefill_chunk, 256);
-    assert_int_equal(c.step_ratio, 150);
+    assert_int_equal(c.step_ratio, 125);
     assert_int_equal(c.max_queue, 1024);
     assert_int_equal(c.kv_bytes, 256LL << 20);
     assert_int_equal(c.block_size, 16);
