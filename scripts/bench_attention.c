@@ -8,7 +8,9 @@
  * avx512; default: the best the CPU has); a level above the CPU's runs the
  * CPU's best. Prints a markdown table: context, then decode us/token and
  * prefill us/token for each (level, KV type) asked for, interleaved per
- * context so a noisy machine affects each alike, and the KV bytes per token.
+ * context so a noisy machine affects each alike, and the KV bytes per token;
+ * then a decode step of 32 sequences of 64..256 tokens each (one query each,
+ * distinct blocks): us per step and the GB/s of the KV bytes it reads.
  * Each cell is the best of several runs. With 1 thread the work runs on the
  * calling thread and its time is that thread's CPU time, which other
  * processes on a shared machine do not inflate (they still share the caches
@@ -68,6 +70,61 @@ static double run(struct threadpool *pool, const struct kv_store *kv,
     free(pos);
     free(zeros);
     free(outf);
+    free(q);
+    free(out);
+    free(tiles);
+    free(scratch);
+    return best;
+}
+
+/* Seconds per call of decode attention for n_seqs sequences of ctx tokens
+ * each, one query each, in one batch (a decode step of n_seqs streams): the
+ * sequences' blocks are distinct, n_seqs * ctx / bs of them from block 1. */
+static double run_batch(struct threadpool *pool, const struct kv_store *kv,
+                        const struct kern_attn *kern, int32_t n_seqs, int32_t ctx, int32_t n_head,
+                        int reps) {
+    const int32_t bs = kv->block_size, nb = ctx / bs;
+    ASSERT(kv->n_blocks > n_seqs * nb);
+    const int32_t hd = kv->head_dim;
+    int32_t *table = malloc((size_t)n_seqs * nb * sizeof(int32_t));
+    int32_t *pos = malloc((size_t)n_seqs * sizeof(int32_t));
+    int32_t *sq = malloc((size_t)n_seqs * sizeof(int32_t));
+    int32_t *zeros = calloc((size_t)n_seqs, sizeof(int32_t));
+    int8_t *outf = calloc((size_t)n_seqs, 1);
+    struct engine_seq *seqs = malloc((size_t)n_seqs * sizeof(*seqs));
+    for (int32_t i = 0; i < n_seqs; i++) {
+        for (int32_t j = 0; j < nb; j++) table[i * nb + j] = 1 + i * nb + j;
+        seqs[i] = (struct engine_seq){.block_table = table + i * nb, .n_blocks = nb};
+        pos[i] = ctx - 1;
+        sq[i] = i;
+    }
+    struct engine_batch b = {.n_tokens = n_seqs, .token = zeros, .pos = pos, .seq = sq,
+                             .output = outf, .n_seqs = n_seqs, .seqs = seqs};
+    float *q = malloc((size_t)n_seqs * n_head * hd * sizeof(float));
+    float *out = malloc((size_t)n_seqs * n_head * hd * sizeof(float));
+    for (size_t i = 0; i < (size_t)n_seqs * n_head * hd; i++) q[i] = (float)(i % 13) * 0.01f;
+    struct attention_tile *tiles = malloc((size_t)n_seqs * sizeof(*tiles));
+    size_t sf = attention_scratch_floats(n_head, kv->n_head_kv, hd, bs);
+    float *scratch = malloc(sf * (size_t)threadpool_n_threads(pool) * sizeof(float));
+    struct attention_args a = {
+        .kv = kv, .layer = 0, .batch = &b, .tiles = tiles, .n_tiles = attention_tiles(&b, tiles),
+        .q = q, .out = out, .n_head = n_head, .window = 0, .scale = 1.0f / sqrtf((float)hd),
+        .kern = kern, .scratch = scratch, .scratch_floats = sf,
+    };
+    const bool cpu_time = threadpool_n_threads(pool) == 1;
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        double t0 = now_s(cpu_time);
+        attention_run(pool, &a);
+        double dt = now_s(cpu_time) - t0;
+        if (dt < best) best = dt;
+    }
+    free(table);
+    free(pos);
+    free(sq);
+    free(zeros);
+    free(outf);
+    free(seqs);
     free(q);
     free(out);
     free(tiles);
@@ -179,6 +236,28 @@ int main(int argc, char **argv) {
         printf("| %d |", ctx);
         for (int c = 0; c < n_cols; c++) printf(" %.1f |", dec[c] * 1e6);
         for (int c = 0; c < n_cols; c++) printf(" %.1f |", pre[c] * 1e6 / ctx);
+        printf("\n");
+        fflush(stdout);
+    }
+    // A decode step of 32 streams: each reads its own KV once.
+    const int32_t n_streams = 32;
+    printf("\n%d sequences in one decode step, one query each (us per step; GB/s of the KV "
+           "bytes read)\n\n| context of each |",
+           n_streams);
+    for (int c = 0; c < n_cols; c++) {
+        printf(" us/step %s %s | GB/s |", engine_kv_type_name(col_kv[c]->type), kern[c]->isa);
+    }
+    printf("\n|---:|");
+    for (int c = 0; c < 2 * n_cols; c++) printf("---:|");
+    printf("\n");
+    for (int32_t ctx = 64; ctx * n_streams <= max_ctx; ctx *= 2) {
+        printf("| %d |", ctx);
+        for (int c = 0; c < n_cols; c++) {
+            const double t = run_batch(pool, col_kv[c], kern[c], n_streams, ctx, n_head, 20);
+            const double bytes = (double)kv_block_bytes(col_kv[c]->type, 1, n_head_kv, hd, bs) /
+                                 bs * ctx * n_streams;
+            printf(" %.1f | %.1f |", t * 1e6, bytes / t * 1e-9);
+        }
         printf("\n");
         fflush(stdout);
     }
