@@ -168,6 +168,12 @@ int config_validate(const struct config *c, char *msg, size_t msg_size) {
                  "--allow-runtime-lora was given");
         return ERR_INVAL;
     }
+    if (c->allow_runtime_lora && (!c->lora_dir || !*c->lora_dir)) {
+        snprintf(msg, msg_size, "--allow-runtime-lora needs --lora-dir DIR: POST "
+                 "/v1/load_lora_adapter opens a path the client chooses, and only paths "
+                 "inside DIR are allowed");
+        return ERR_INVAL;
+    }
     if (c->max_batch_tokens < c->max_seqs) {
         snprintf(msg, msg_size,
                  "--max-batch-tokens (%d) must be at least --max-seqs (%d): every running "

@@ -54,7 +54,7 @@ struct config {
     char *lora_paths[CONFIG_MAX_LORAS];  // owned; [n_loras]
     int32_t n_loras;
     int32_t max_loras;            // adapter slots in the engine (adapters batched at once)
-    char *lora_dir;               // owned; runtime adapter paths must lie inside; NULL: anywhere
+    char *lora_dir;               // owned; runtime adapter paths must lie inside; required by allow_runtime_lora
     int32_t tp;                   // tensor-parallel ranks (1: this process alone)
     int32_t pp;                   // pipeline stages (1: every layer in each rank)
     bool allow_runtime_lora;      // POST /v1/load_lora_adapter, /v1/unload_lora_adapter

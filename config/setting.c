@@ -88,7 +88,7 @@ const struct setting setting_table[] = {
      "adapter slots: distinct adapters batched at once (more wait); 0 = no adapters"},
     {"allow-runtime-lora", 0, "allow_runtime_lora", SETTING_KIND_BOOL, OFF(allow_runtime_lora),
      0, 0, "[BOOL]", "enable POST /v1/load_lora_adapter and /v1/unload_lora_adapter "
-     "(behind --api-key when set)"},
+     "(behind --api-key when set; needs --lora-dir)"},
     {"lora-dir", 0, "lora_dir", SETTING_KIND_STR, OFF(lora_dir), 0, 0, "DIR",
      "runtime loads may read adapters only inside DIR (symlinks resolved; no '..'); "
      "relative paths are taken in it"},

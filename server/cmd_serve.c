@@ -163,9 +163,6 @@ static int start_loras(const struct config *cfg, struct engine_model *model,
             return -1;
         }
         app->lora_dir = lora_dir;
-    } else if (cfg->allow_runtime_lora) {
-        LOG_WARN("--allow-runtime-lora without --lora-dir: POST /v1/load_lora_adapter may read "
-                 "any file this process can");
     }
     if (cfg->allow_runtime_lora) {
         *loader = lora_loader_create(*loras);

@@ -403,7 +403,8 @@ void routes_final_reply(const struct routes_ctx *ctx, struct req *r, struct rout
 static bool runtime_lora_refused(const struct routes_ctx *ctx, struct route_reply *out) {
     if (ctx->allow_runtime_lora && ctx->loras && ctx->lora_loader) return false;
     routes_error(out, 403, "Loading and unloading adapters at run time is disabled: start the "
-                 "server with --allow-runtime-lora (and --api-key to guard it)", NULL,
+                 "server with --allow-runtime-lora --lora-dir DIR (and --api-key to guard it)",
+                 NULL,
                  "runtime_lora_disabled");
     return true;
 }
@@ -437,20 +438,27 @@ static enum route_result handle_load_lora(const struct routes_ctx *ctx, struct r
     }
     char msg[512];
     char resolved[PATH_MAX];
-    if (ctx->lora_dir) {
-        int err = lora_path_resolve(ctx->lora_dir, path, resolved, sizeof(resolved), msg,
-                                    sizeof(msg));
-        if (err) {
-            json_decref(root);
-            const char *code = err == ERR_PERM       ? "lora_path_forbidden"
-                               : err == ERR_NOTFOUND ? "lora_load_failed"
-                                                     : "invalid_lora_path";
-            routes_error(out, err == ERR_PERM ? 403 : 400, msg, "lora_path", code);
-            return ROUTE_RESULT_REPLY;
-        }
-        path = resolved;
+    if (!ctx->lora_dir) {
+        // config_validate() refuses --allow-runtime-lora without --lora-dir;
+        // a context filled in by code gets the same answer, never an open.
+        json_decref(root);
+        routes_error(out, 403, "Loading adapters at run time needs the server started with "
+                     "--lora-dir DIR: adapter paths are confined to it", NULL,
+                     "runtime_lora_disabled");
+        return ROUTE_RESULT_REPLY;
     }
-    int err = lora_loader_submit(ctx->lora_loader, name, path, slot_wake, r->slot, &r->load, msg,
+    int err = lora_path_resolve(ctx->lora_dir, path, resolved, sizeof(resolved), msg,
+                                sizeof(msg));
+    if (err) {
+        json_decref(root);
+        const char *code = err == ERR_PERM       ? "lora_path_forbidden"
+                           : err == ERR_NOTFOUND ? "lora_load_failed"
+                                                 : "invalid_lora_path";
+        routes_error(out, err == ERR_PERM ? 403 : 400, msg, "lora_path", code);
+        return ROUTE_RESULT_REPLY;
+    }
+    path = resolved;
+    err = lora_loader_submit(ctx->lora_loader, name, path, slot_wake, r->slot, &r->load, msg,
                                  sizeof(msg));
     json_decref(root);
     switch (err) {

@@ -100,6 +100,18 @@ static void test_config_cross_field_rules(void **state) {
     assert_int_equal(load(&c, msg, 7, a2), ERR_INVAL);
     assert_non_null(strstr(msg, "--max-batch-tokens"));
     config_deinit(&c);
+    // Runtime adapter loads open a client's path: only inside --lora-dir.
+    char *a3[] = {"serve", "-m", "x", "--allow-runtime-lora", NULL};
+    assert_int_equal(load(&c, msg, 4, a3), ERR_INVAL);
+    assert_non_null(strstr(msg, "--allow-runtime-lora"));
+    assert_non_null(strstr(msg, "--lora-dir"));
+    config_deinit(&c);
+    char *a4[] = {"serve", "-m", "x", "--allow-runtime-lora", "--lora-dir", "/srv/loras", NULL};
+    assert_int_equal(load(&c, msg, 6, a4), 0);
+    config_deinit(&c);
+    char *a5[] = {"serve", "-m", "x", "--lora-dir", "/srv/loras", NULL};  // harmless alone
+    assert_int_equal(load(&c, msg, 5, a5), 0);
+    config_deinit(&c);
 }
 
 static void test_config_help_sets_show_help(void **state) {

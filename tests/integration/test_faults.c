@@ -252,7 +252,10 @@ static void test_adapter_allocation_failure(void **state) {
 
     setenv("LLMSERVE_FAULT", "adapter:1", 1);
     struct httptest_server s;
-    httptest_start(&s, httptest_model("llama-f32"), "--allow-runtime-lora");
+    char args[4200];
+    snprintf(args, sizeof(args), "--allow-runtime-lora --lora-dir %s/tests/models",
+             testutil_build_dir());
+    httptest_start(&s, httptest_model("llama-f32"), args);
     unsetenv("LLMSERVE_FAULT");
     expect(s.port, "/v1/load_lora_adapter", body, 500);
     expect(s.port, "/v1/load_lora_adapter", body, 200);
@@ -263,7 +266,6 @@ static void test_adapter_allocation_failure(void **state) {
     httptest_resp_free(&r);
     assert_int_equal(httptest_stop(&s, SIGTERM), 0);
 
-    char args[4200];
     snprintf(args, sizeof(args), "--lora a=%s", adapter);
     httptest_start(&s, httptest_model("llama-f32"), args);
     assert_int_equal(httptest_request(s.port, "POST", "/v1/completions", NULL, req_a, &r), 200);

@@ -96,7 +96,8 @@ static int group_setup(void **state) {
     write_adapter(path_c, sizeof(path_c), "c", 4, N_EMBD);
     write_adapter(path_bad, sizeof(path_bad), "bad", 3, N_EMBD + 16);
     char args[8192];
-    snprintf(args, sizeof(args), "--lora a=%s --allow-runtime-lora --max-loras 2", path_a);
+    snprintf(args, sizeof(args), "--lora a=%s --allow-runtime-lora --lora-dir %s/tests "
+             "--max-loras 2", path_a, testutil_build_dir());
     httptest_start(&srv, httptest_model("llama-f32"), args);
     return 0;
 }
@@ -221,7 +222,7 @@ static void test_lora_load_and_unload_at_run_time(void **state) {
     httptest_resp_free(&r);
     free(base);
     r = post(srv.port, "/v1/load_lora_adapter", NULL,
-             "{\"lora_name\":\"gone\",\"lora_path\":\"/nonexistent/adapter.gguf\"}", 400);
+             "{\"lora_name\":\"gone\",\"lora_path\":\"integration/no-such-adapter.gguf\"}", 400);
     httptest_resp_free(&r);
     snprintf(body, sizeof(body), "{\"lora_name\":\"bad\",\"lora_path\":\"%s\"}", path_bad);
     r = post(srv.port, "/v1/load_lora_adapter", NULL, body, 400);
@@ -449,7 +450,9 @@ static void test_lora_admin_routes_guarded(void **state) {
     assert_int_equal(httptest_stop(&s, SIGTERM), 0);
 
     // With an API key: the key is needed.
-    httptest_start(&s, httptest_model("llama-f32"), "--allow-runtime-lora --api-key k1");
+    snprintf(args, sizeof(args), "--allow-runtime-lora --lora-dir %s/tests --api-key k1",
+             testutil_build_dir());
+    httptest_start(&s, httptest_model("llama-f32"), args);
     r = post(s.port, "/v1/load_lora_adapter", NULL, body, 401);
     httptest_resp_free(&r);
     r = post(s.port, "/v1/load_lora_adapter", "Authorization: Bearer wrong\r\n", body, 401);

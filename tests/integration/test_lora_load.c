@@ -59,6 +59,15 @@ static const char *adapter(const char *name) {
     return p;
 }
 
+/* Serve arguments: runtime loads on, confined to the build's tests/ (the
+ * adapters of tests/models and the gates below), then extra. */
+static const char *runtime_args(const char *extra) {
+    static char args[8192];
+    snprintf(args, sizeof(args), "--allow-runtime-lora --lora-dir %s/tests %s",
+             testutil_build_dir(), extra);
+    return args;
+}
+
 /* ---- the gate ------------------------------------------------------------------ */
 
 struct gate {
@@ -239,7 +248,7 @@ static bool raw_read(struct raw *rw, const char *needle, int n) {
 
 static int group_setup(void **state) {
     (void)state;
-    httptest_start(&srv, httptest_model("llama-f32"), "--allow-runtime-lora --max-loras 2");
+    httptest_start(&srv, httptest_model("llama-f32"), runtime_args("--max-loras 2"));
     return 0;
 }
 
@@ -461,7 +470,7 @@ static void expect_log(const struct httptest_server *s, const char *text) {
 static void test_lora_load_sigterm_waits_for_the_running_load(void **state) {
     (void)state;
     struct httptest_server s;
-    httptest_start(&s, httptest_model("llama-f32"), "--allow-runtime-lora --shutdown-grace 120");
+    httptest_start(&s, httptest_model("llama-f32"), runtime_args("--shutdown-grace 120"));
     struct gate g;
     gate_make(&g, "term");
     int fd_gated = send_load(s.port, "gated", g.dir);
@@ -488,7 +497,7 @@ static void test_lora_load_sigterm_waits_for_the_running_load(void **state) {
 static void test_lora_load_sigterm_gives_up_on_a_stuck_load(void **state) {
     (void)state;
     struct httptest_server s;
-    httptest_start(&s, httptest_model("llama-f32"), "--allow-runtime-lora --shutdown-grace 1");
+    httptest_start(&s, httptest_model("llama-f32"), runtime_args("--shutdown-grace 1"));
     struct gate g;
     gate_make(&g, "stuck");
     int fd_gated = send_load(s.port, "gated", g.dir);

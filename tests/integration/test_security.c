@@ -10,8 +10,9 @@
  *   - at the default log level the log holds no API key (right or wrong), no
  *     prompt and no generated text;
  *   - bound to a non-loopback address without a key, the server warns at
- *     start-up; runtime loads without --lora-dir warn too; a loopback server
- *     with a key and a directory does neither.
+ *     start-up; a loopback server or one with a key does not;
+ *   - --allow-runtime-lora without --lora-dir does not start (exit status 2,
+ *     a message naming both flags).
  * Expectations are written from the rule (issue 16: "no `..`, no symlinks
  * out"; OpenAI's 403 type permission_error), not read off the server.
  */
@@ -224,20 +225,69 @@ static void test_security_log_holds_no_key_prompt_or_text(void **state) {
 static void test_security_warns_when_exposed(void **state) {
     (void)state;
     struct httptest_server s;
-    httptest_start(&s, httptest_model("llama-f32"), "--host 0.0.0.0 --allow-runtime-lora");
+    httptest_start(&s, httptest_model("llama-f32"), "--host 0.0.0.0");
     assert_int_equal(httptest_stop(&s, SIGTERM), 0);
     assert_true(log_has(&s, "WARN"));
     assert_true(log_has(&s, "without an API key"));
-    assert_true(log_has(&s, "--lora-dir"));
-    // Loopback with a key and no runtime loads: neither warning.
+    // Loopback with a key: no warning.
     httptest_start(&s, httptest_model("llama-f32"), "--api-key " KEY);
     assert_int_equal(httptest_stop(&s, SIGTERM), 0);
     assert_false(log_has(&s, "without an API key"));
-    assert_false(log_has(&s, "--lora-dir"));
     // Exposed but with a key: no warning about the key.
     httptest_start(&s, httptest_model("llama-f32"), "--host 0.0.0.0 --api-key " KEY);
     assert_int_equal(httptest_stop(&s, SIGTERM), 0);
     assert_false(log_has(&s, "without an API key"));
+}
+
+/* --allow-runtime-lora without --lora-dir would let a client open any file
+ * the server can: the server does not start. Exit status 2 (a usage error,
+ * as for every refused setting) and one line that names both flags; from a
+ * config file the same. With --lora-dir, or with runtime loads off, it
+ * starts. */
+static void test_security_runtime_lora_needs_lora_dir(void **state) {
+    (void)state;
+    char log[PATH_MAX];
+    snprintf(log, sizeof(log), "%s/tests/integration/security-start-%d.log",
+             testutil_build_dir(), (int)getpid());
+    char conf[PATH_MAX];
+    snprintf(conf, sizeof(conf), "%s/tests/integration/security-start-%d.json",
+             testutil_build_dir(), (int)getpid());
+    FILE *f = fopen(conf, "w");
+    assert_non_null(f);
+    fputs("{\"allow_runtime_lora\": true}\n", f);
+    fclose(f);
+    const char *how[] = {"--allow-runtime-lora", "--allow-runtime-lora=true --api-key " KEY,
+                         "--config CONF"};
+    for (size_t i = 0; i < sizeof(how) / sizeof(how[0]); i++) {
+        char args[PATH_MAX + 64];
+        if (strcmp(how[i], "--config CONF") == 0) {
+            snprintf(args, sizeof(args), "--config %s", conf);
+        } else {
+            snprintf(args, sizeof(args), "%s", how[i]);
+        }
+        char cmd[3 * PATH_MAX + 256];
+        snprintf(cmd, sizeof(cmd), "timeout 60 %s serve -m %s --port 1 %s 2>%s", httptest_bin(),
+                 httptest_model("llama-f32"), args, log);
+        int st = testutil_system(cmd);
+        if (st != 2) fail_msg("serve %s: exit status %d, want 2", args, st);
+        size_t n = 0;
+        char *text = testutil_read_file(log, &n);
+        assert_non_null(text);
+        if (!strstr(text, "--allow-runtime-lora") || !strstr(text, "--lora-dir")) {
+            fail_msg("serve %s: the error does not name both flags: %s", args, text);
+        }
+        free(text);
+    }
+    unlink(conf);
+    unlink(log);
+    struct httptest_server s;
+    char args[PATH_MAX + 64];
+    snprintf(args, sizeof(args), "--allow-runtime-lora --lora-dir %s/tests/models",
+             testutil_build_dir());
+    httptest_start(&s, httptest_model("llama-f32"), args);
+    assert_int_equal(httptest_stop(&s, SIGTERM), 0);
+    httptest_start(&s, httptest_model("llama-f32"), "--allow-runtime-lora=false");
+    assert_int_equal(httptest_stop(&s, SIGTERM), 0);
 }
 
 int main(void) {
@@ -245,6 +295,7 @@ int main(void) {
         cmocka_unit_test(test_security_lora_dir_confines_runtime_loads),
         cmocka_unit_test(test_security_log_holds_no_key_prompt_or_text),
         cmocka_unit_test(test_security_warns_when_exposed),
+        cmocka_unit_test(test_security_runtime_lora_needs_lora_dir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
