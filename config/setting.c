@@ -90,7 +90,7 @@ const struct setting setting_table[] = {
      0, 0, "[BOOL]", "enable POST /v1/load_lora_adapter and /v1/unload_lora_adapter "
      "(behind --api-key when set; needs --lora-dir)"},
     {"lora-dir", 0, "lora_dir", SETTING_KIND_STR, OFF(lora_dir), 0, 0, "DIR",
-     "runtime loads may read adapters only inside DIR (symlinks resolved; no '..'); "
+     "runtime loads may read adapters only inside DIR (no '..', no symlinks); "
      "relative paths are taken in it"},
 };
 const int setting_n = (int)(sizeof(setting_table) / sizeof(setting_table[0]));

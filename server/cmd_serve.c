@@ -137,13 +137,14 @@ static bool is_loopback(const char *host) {
 
 /* Adapters of --lora, loaded before the port opens, and the runtime loader:
  * into *loras and *loader (owned by the caller, also on failure), and app.
- * --lora-dir is made canonical into lora_dir [lora_dir_size], which
- * app->lora_dir then points to (so it must outlive the server).
+ * --lora-dir is opened into *lora_root (the caller's; closed by it, also on
+ * failure), which app->lora_root and the loader then point to (so it must
+ * outlive them).
  * Returns 0, or -1 when one fails to load (logged; the engine logged which
  * file and tensor) or --lora-dir is not a directory: that stops the server. */
 static int start_loras(const struct config *cfg, struct engine_model *model,
                        struct routes_ctx *app, struct lora_registry **loras,
-                       struct lora_loader **loader, char *lora_dir, size_t lora_dir_size) {
+                       struct lora_loader **loader, struct lora_path_root *lora_root) {
     char msg[512];
     *loras = lora_registry_create(model, app->om.name);
     if (!*loras) return -1;
@@ -158,14 +159,14 @@ static int start_loras(const struct config *cfg, struct engine_model *model,
     app->loras = *loras;
     app->allow_runtime_lora = cfg->allow_runtime_lora;
     if (cfg->lora_dir) {
-        if (lora_path_dir(cfg->lora_dir, lora_dir, lora_dir_size, msg, sizeof(msg)) != 0) {
+        if (lora_path_root_open(cfg->lora_dir, lora_root, msg, sizeof(msg)) != 0) {
             LOG_ERROR("%s", msg);
             return -1;
         }
-        app->lora_dir = lora_dir;
+        app->lora_root = lora_root;
     }
     if (cfg->allow_runtime_lora) {
-        *loader = lora_loader_create(*loras);
+        *loader = lora_loader_create(*loras, app->lora_root);
         if (!*loader) return -1;
         app->lora_loader = *loader;
     }
@@ -223,6 +224,7 @@ int cmd_serve(int argc, char **argv) {
     struct http_server *http = NULL;
     bool is_loader_stuck = false;
     int status = 1;
+    struct lora_path_root lora_root = {.fd = -1};  // --lora-dir, open while the loader may run
 
     // Block the stop signals before any thread exists, so every thread
     // inherits the mask and only sigwait() below sees them.
@@ -272,9 +274,8 @@ int cmd_serve(int argc, char **argv) {
         auth = auth_create((const char *const *)cfg.api_keys, cfg.n_api_keys);
         app.auth = auth;
     }
-    char lora_dir[PATH_MAX];
     if (!comm && cfg.max_loras > 0 &&
-        start_loras(&cfg, model, &app, &loras, &loader, lora_dir, sizeof(lora_dir)) != 0) {
+        start_loras(&cfg, model, &app, &loras, &loader, &lora_root) != 0) {
         goto done;
     }
 
@@ -337,6 +338,7 @@ done:
     } else {
         lora_registry_destroy(loras);
         engine_model_free(model);
+        lora_path_root_close(&lora_root);
     }
     auth_destroy(auth);
     comm_close(comm);

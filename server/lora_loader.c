@@ -48,6 +48,7 @@ struct lora_loader_job {
 
 struct lora_loader {
     struct lora_registry *registry;  // borrowed
+    const struct lora_path_root *root;  // borrowed: where loads may read; NULL: anywhere
     pthread_mutex_t lock;            // guards everything below
     pthread_cond_t has_work;         // queue not empty, or stopping (the thread waits)
     pthread_cond_t has_exited_cond;  // the thread ended (lora_loader_stop() waits)
@@ -121,7 +122,7 @@ void lora_loader_job_release(struct lora_loader_job *j) {
 static void run_job(struct lora_loader *l, struct lora_loader_job *j) {
     struct lora_loader_result res = {.name = j->name, .path = j->path};
     struct engine_adapter *a = NULL;
-    res.err = lora_registry_load_reserved(l->registry, j->ticket, &a, res.message,
+    res.err = lora_registry_load_reserved(l->registry, j->ticket, l->root, &a, res.message,
                                           sizeof(res.message));
     if (a) {
         const struct engine_adapter_info *info = engine_adapter_get_info(a);
@@ -160,9 +161,11 @@ static void *loader_main(void *arg) {
 
 /* ---- lifecycle --------------------------------------------------------------- */
 
-struct lora_loader *lora_loader_create(struct lora_registry *r) {
+struct lora_loader *lora_loader_create(struct lora_registry *r,
+                                       const struct lora_path_root *root) {
     struct lora_loader *l = xcalloc(1, sizeof(*l));
     l->registry = r;
+    l->root = root;
     pthread_mutex_init(&l->lock, NULL);
     pthread_cond_init(&l->has_work, NULL);
     // lora_loader_stop() waits with a deadline on the monotonic clock.

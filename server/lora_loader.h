@@ -35,6 +35,7 @@
 struct lora_loader;
 struct lora_loader_job;
 struct lora_registry;
+struct lora_path_root;
 
 typedef void (*lora_loader_wake_fn)(void *user);
 
@@ -57,9 +58,12 @@ enum lora_loader_stop {
     LORA_LOADER_STUCK,     // a load is still running after wait_ms (see lora_loader_stop())
 };
 
-/* Starts the loader thread for registry r (borrowed; it must outlive the
- * loader). NULL when the thread cannot be started (logged). [main thread] */
-struct lora_loader *lora_loader_create(struct lora_registry *r);
+/* Starts the loader thread for registry r. Loads read only inside root
+ * (lora_registry_load_reserved()), or anywhere when root is NULL (tests).
+ * Both are borrowed and must outlive the loader. NULL when the thread
+ * cannot be started (logged). [main thread] */
+struct lora_loader *lora_loader_create(struct lora_registry *r,
+                                       const struct lora_path_root *root);
 
 /* Reserves name in the registry (lora_registry_reserve()) and queues a load
  * of path. On success *out is the caller's reference to the job (release it

@@ -10,6 +10,8 @@
 #define LOG_TAG "lora"
 #include "server/lora_registry.h"
 
+#include <unistd.h>
+
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -18,6 +20,7 @@
 #include <time.h>
 
 #include "engine/base/alloc.h"
+#include "server/lora_path.h"
 #include "engine/base/clock.h"
 #include "engine/base/err.h"
 #include "engine/base/log.h"
@@ -137,6 +140,7 @@ int lora_registry_reserve(struct lora_registry *r, const char *name, const char 
 }
 
 int lora_registry_load_reserved(struct lora_registry *r, uint64_t ticket,
+                                const struct lora_path_root *root,
                                 struct engine_adapter **out_adapter, char *msg, size_t msg_size) {
     if (out_adapter) *out_adapter = NULL;
     // Copy what the load needs: an unload may free the entry meanwhile.
@@ -153,7 +157,30 @@ int lora_registry_load_reserved(struct lora_registry *r, uint64_t ticket,
 
     int64_t t0 = clock_mono_ns();
     struct engine_adapter *a = NULL;
-    int err = engine_adapter_load(r->model, path, &a);
+    int err = 0;
+    if (root) {
+        // Opened inside root without following a symlink, then read only
+        // through the descriptor (server/lora_path.h).
+        int fd = -1;
+        err = lora_path_open(root, path, &fd, msg, msg_size);
+        if (err) {
+            lora_registry_cancel(r, ticket);
+            free(path);
+            return err;
+        }
+        err = engine_adapter_load_fd(r->model, fd, path, ENGINE_ADAPTER_LOAD_NO_SYMLINKS, &a);
+        close(fd);
+    } else {
+        err = engine_adapter_load(r->model, path, &a);
+    }
+    if (err == ERR_PERM) {
+        snprintf(msg, msg_size, "Cannot load the adapter '%.128s' from '%.256s': a file in it "
+                 "is a symlink, and symlinks are not followed in the server's adapter "
+                 "directory", name, path);
+        lora_registry_cancel(r, ticket);
+        free(path);
+        return err;
+    }
     if (err) {
         snprintf(msg, msg_size, "Cannot load the adapter '%.128s' from '%.256s': %s (the "
                  "server log has the details)", name, path, err_str(err));
@@ -209,7 +236,7 @@ int lora_registry_load(struct lora_registry *r, const char *name, const char *pa
     uint64_t ticket = 0;
     int err = lora_registry_reserve(r, name, path, &ticket, msg, msg_size);
     if (err) return err;
-    return lora_registry_load_reserved(r, ticket, NULL, msg, msg_size);
+    return lora_registry_load_reserved(r, ticket, NULL, NULL, msg, msg_size);
 }
 
 int lora_registry_unload(struct lora_registry *r, const char *name) {

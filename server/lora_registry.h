@@ -38,6 +38,7 @@
 #define LORA_REGISTRY_LOADING 2      // a load of the name is in progress
 
 struct lora_registry;
+struct lora_path_root;
 
 /* An empty registry for adapters of model m (borrowed; it must outlive the
  * registry). base_name is the served base model's id, which no adapter may
@@ -59,14 +60,20 @@ int lora_registry_reserve(struct lora_registry *r, const char *name, const char 
 
 /* Loads the reserved adapter (engine_adapter_load(): milliseconds to seconds;
  * never call it on the HTTP or the step thread) and lists it under its name.
- * The reservation is used up whatever happens. Returns 0; ERR_CANCELED when
- * the reservation was withdrawn (lora_registry_unload()) before the load
- * started (nothing is read) or while it ran (the adapter is dropped); or what
- * engine_adapter_load() returns (ERR_IO, ERR_FORMAT, ERR_UNSUPPORTED,
- * ERR_NOMEM; the engine logged the detail). On 0, *out_adapter (when
- * out_adapter is not NULL) gets a reference the caller releases. msg gets a
- * sentence for the client in every non-zero case. */
+ * With root, the reserved path (lora_path_check()'s output) is opened inside
+ * it by lora_path_open() and loaded from that descriptor without following a
+ * symlink (engine_adapter_load_fd(), ENGINE_ADAPTER_LOAD_NO_SYMLINKS); with
+ * root NULL, by its path. The reservation is used up whatever happens.
+ * Returns 0; ERR_CANCELED when the reservation was withdrawn
+ * (lora_registry_unload()) before the load started (nothing is read) or
+ * while it ran (the adapter is dropped); what lora_path_open() returns
+ * (ERR_PERM, ERR_NOTFOUND, ERR_INVAL, ERR_IO); or what the engine's load
+ * returns (ERR_IO, ERR_FORMAT, ERR_UNSUPPORTED, ERR_NOMEM, ERR_PERM; the
+ * engine logged the detail). On 0, *out_adapter (when out_adapter is not
+ * NULL) gets a reference the caller releases. msg gets a sentence for the
+ * client in every non-zero case. */
 int lora_registry_load_reserved(struct lora_registry *r, uint64_t ticket,
+                                const struct lora_path_root *root,
                                 struct engine_adapter **out_adapter, char *msg, size_t msg_size);
 
 /* Withdraws a reservation that will never be loaded (a queued load dropped

@@ -438,7 +438,7 @@ static enum route_result handle_load_lora(const struct routes_ctx *ctx, struct r
     }
     char msg[512];
     char resolved[PATH_MAX];
-    if (!ctx->lora_dir) {
+    if (!ctx->lora_root) {
         // config_validate() refuses --allow-runtime-lora without --lora-dir;
         // a context filled in by code gets the same answer, never an open.
         json_decref(root);
@@ -447,13 +447,12 @@ static enum route_result handle_load_lora(const struct routes_ctx *ctx, struct r
                      "runtime_lora_disabled");
         return ROUTE_RESULT_REPLY;
     }
-    int err = lora_path_resolve(ctx->lora_dir, path, resolved, sizeof(resolved), msg,
-                                sizeof(msg));
+    // The path as written here; the loader opens it inside the directory
+    // without following a symlink (server/lora_path.h).
+    int err = lora_path_check(ctx->lora_root, path, resolved, sizeof(resolved), msg, sizeof(msg));
     if (err) {
         json_decref(root);
-        const char *code = err == ERR_PERM       ? "lora_path_forbidden"
-                           : err == ERR_NOTFOUND ? "lora_load_failed"
-                                                 : "invalid_lora_path";
+        const char *code = err == ERR_PERM ? "lora_path_forbidden" : "invalid_lora_path";
         routes_error(out, err == ERR_PERM ? 403 : 400, msg, "lora_path", code);
         return ROUTE_RESULT_REPLY;
     }
@@ -517,8 +516,13 @@ static void load_reply(const struct routes_ctx *ctx, struct req *r, struct route
     case ERR_NOMEM:
         routes_error(out, 500, res->message, NULL, NULL);
         return;
+    case ERR_PERM:
+        // A symlink on the way or inside the adapter (server/lora_path.h).
+        routes_error(out, 403, res->message, "lora_path", "lora_path_forbidden");
+        return;
     default:
-        // ERR_IO, ERR_FORMAT, ERR_UNSUPPORTED: the client's file is at fault.
+        // ERR_IO, ERR_FORMAT, ERR_UNSUPPORTED, ERR_NOTFOUND, ERR_INVAL: the
+        // client's file is at fault.
         routes_error(out, 400, res->message, "lora_path", "lora_load_failed");
         return;
     }

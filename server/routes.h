@@ -25,6 +25,7 @@
 struct auth;
 struct metrics_live;
 struct lora_loader;
+struct lora_path_root;
 struct lora_registry;
 struct req;
 
@@ -37,7 +38,7 @@ struct routes_ctx {
     struct lora_registry *loras;  // served adapters ("model": NAME); NULL: none
     bool allow_runtime_lora;    // POST /v1/load_lora_adapter and /v1/unload_lora_adapter
     struct lora_loader *lora_loader;  // runs the loads of /v1/load_lora_adapter; NULL: none
-    const char *lora_dir;       // canonical --lora-dir: runtime adapter paths lie inside; NULL: no loads
+    const struct lora_path_root *lora_root;  // --lora-dir: runtime loads read only inside; NULL: none
     struct metrics_live *live;  // the HTTP server's counters; set by http_start()
     int64_t started_s;          // Unix time the model was loaded
 };

@@ -135,3 +135,44 @@ int file_cursor_skip(struct file_cursor *c, uint64_t n) {
     c->pos += (size_t)n;
     return 0;
 }
+
+/* ---- from an open descriptor ---------------------------------------------------- */
+
+int file_map_fd(int fd, const char *name, struct file_map *out) {
+    out->data = NULL;
+    out->size = 0;
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        LOG_ERROR("%s: cannot stat %s: %s", __func__, name, strerror(errno));
+        return ERR_IO;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        LOG_ERROR("%s: %s is not a regular file", __func__, name);
+        return ERR_FORMAT;
+    }
+    if (st.st_size == 0) return 0;
+    // Copied into anonymous memory, as file_map() does, and for its reason.
+    const size_t size = (size_t)st.st_size;
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        LOG_ERROR("%s: cannot allocate %zu bytes for %s: %s", __func__, size, name,
+                  strerror(errno));
+        return ERR_NOMEM;
+    }
+    for (size_t done = 0; done < size;) {
+        size_t want = size - done < FILE_READ_CHUNK ? size - done : FILE_READ_CHUNK;
+        ssize_t n = pread(fd, (uint8_t *)p + done, want, (off_t)done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            LOG_ERROR("%s: cannot read %s: %s", __func__, name,
+                      n < 0 ? strerror(errno) : "the file shrank while it was read");
+            munmap(p, size);
+            return ERR_IO;
+        }
+        done += (size_t)n;
+    }
+    mprotect(p, size, PROT_READ);
+    out->data = p;
+    out->size = size;
+    return 0;
+}

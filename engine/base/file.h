@@ -57,4 +57,9 @@ int file_cursor_bytes(struct file_cursor *c, uint64_t n, const uint8_t **out);
 /* Skips n bytes. */
 int file_cursor_skip(struct file_cursor *c, uint64_t n);
 
+/* As file_map(), from an open file descriptor (borrowed: not closed, its
+ * offset not used): the bytes of the file fd names, however its path changes
+ * meanwhile. name is used in messages. Same returns as file_map(). */
+int file_map_fd(int fd, const char *name, struct file_map *out);
+
 #endif

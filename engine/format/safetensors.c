@@ -370,6 +370,25 @@ int safetensors_open(const char *path, struct safetensors_file **out) {
     return open_common(f, out);
 }
 
+int safetensors_open_fd(int fd, const char *name, struct safetensors_file **out) {
+    *out = NULL;
+    struct safetensors_file *f = calloc(1, sizeof(*f));
+    if (!f) return ERR_NOMEM;
+    f->name = strdup(name);
+    if (!f->name) {
+        free(f);
+        return ERR_NOMEM;
+    }
+    int err = file_map_fd(fd, name, &f->map);
+    if (err) {
+        safetensors_close(f);
+        return err;
+    }
+    f->data = f->map.data;
+    f->size = f->map.size;
+    return open_common(f, out);
+}
+
 int safetensors_open_memory(const void *data, size_t size, const char *name,
                             struct safetensors_file **out) {
     *out = NULL;

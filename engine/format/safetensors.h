@@ -53,6 +53,10 @@ struct safetensors_file;
  * naming the file. */
 int safetensors_open(const char *path, struct safetensors_file **out);
 
+/* As safetensors_open() from an open file descriptor (borrowed, not
+ * closed), read whole as file_map_fd() does; name is used in messages. */
+int safetensors_open_fd(int fd, const char *name, struct safetensors_file **out);
+
 /* As safetensors_open() over a caller's buffer, retained (not copied) until
  * safetensors_close(). name is used in messages. */
 int safetensors_open_memory(const void *data, size_t size, const char *name,

@@ -19,12 +19,14 @@
 #include "engine/model/lora.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -207,20 +209,58 @@ static int set_lora(struct engine_adapter *a, int32_t il, enum adapter_proj p,
 
 /* ---- adapter_config.json ----------------------------------------------------- */
 
-static int read_config(const char *dir, json_t **out) {
-    *out = NULL;
-    char path[LORA_PATH_MAX];
-    if (snprintf(path, sizeof(path), "%s/adapter_config.json", dir) >= (int)sizeof(path)) {
-        LOG_ERROR("%s: %s: path too long", __func__, dir);
+/* Where a load reads: the adapter, already open (a directory or a GGUF file).
+ * A directory's files are opened in it by name, never through the path. */
+struct load_src {
+    int fd;               // borrowed
+    const char *path;     // names it in messages
+    bool is_no_symlinks;  // ENGINE_ADAPTER_LOAD_NO_SYMLINKS: a file in it may not be a symlink
+};
+
+/* Opens src's file `file` (adapter_config.json, adapter_model.safetensors)
+ * into *out_fd, and its path for messages into path [LORA_PATH_MAX].
+ * Returns 0, ERR_IO (logged), or ERR_PERM (a symlink, refused; logged). */
+static int open_in_dir(const struct load_src *src, const char *file, char *path, int *out_fd) {
+    *out_fd = -1;
+    if (snprintf(path, LORA_PATH_MAX, "%s/%s", src->path, file) >= LORA_PATH_MAX) {
+        LOG_ERROR("%s: %s: path too long", __func__, src->path);
         return ERR_IO;
     }
-    char *text = NULL;
-    size_t len = 0;
-    int err = file_read_all(path, LORA_CONFIG_MAX_BYTES, &text, &len);
-    if (err) return err == ERR_TOOLONG ? ERR_FORMAT : err;  // file_read_all logged it
+    const int flags = O_RDONLY | O_CLOEXEC | (src->is_no_symlinks ? O_NOFOLLOW : 0);
+    int fd = openat(src->fd, file, flags);
+    if (fd < 0) {
+        if (errno == ELOOP && src->is_no_symlinks) {
+            LOG_ERROR("%s: %s is a symlink, which is not followed here", __func__, path);
+            return ERR_PERM;
+        }
+        LOG_ERROR("%s: cannot open %s: %s", __func__, path, strerror(errno));
+        return ERR_IO;
+    }
+    *out_fd = fd;
+    return 0;
+}
+
+static int read_config(const struct load_src *src, json_t **out) {
+    *out = NULL;
+    char path[LORA_PATH_MAX];
+    int fd = -1;
+    int err = open_in_dir(src, "adapter_config.json", path, &fd);
+    if (err) return err;
+    struct file_map map;
+    err = file_map_fd(fd, path, &map);  // logs its own errors
+    close(fd);
+    if (err) return err;
+    if (map.size > LORA_CONFIG_MAX_BYTES) {
+        LOG_ERROR("%s: %s is %zu bytes, more than the limit of %u", __func__, path, map.size,
+                  LORA_CONFIG_MAX_BYTES);
+        file_unmap(&map);
+        return ERR_FORMAT;
+    }
     json_error_t jerr;
-    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
-    free(text);
+    json_t *root = map.size ? json_loadb((const char *)map.data, map.size,
+                                         JSON_REJECT_DUPLICATES, &jerr)
+                            : json_loads("", 0, &jerr);
+    file_unmap(&map);
     if (!root) {
         LOG_ERROR("%s: %s: not valid JSON at line %d: %s", __func__, path, jerr.line, jerr.text);
         return ERR_FORMAT;
@@ -467,24 +507,24 @@ static const char *peft_name_hint(const char *name) {
            "or down_proj in model.layers.N";
 }
 
-static int load_peft(struct engine_adapter *a, const char *dir, const json_t *root) {
+static int load_peft(struct engine_adapter *a, const struct load_src *src, const json_t *root) {
     const struct engine_model *m = a->model;
     const struct hparams *hp = &m->hp;
     struct peft_config c;
     char path[LORA_PATH_MAX];
-    snprintf(path, sizeof(path), "%s/adapter_config.json", dir);
+    snprintf(path, sizeof(path), "%s/adapter_config.json", src->path);
     int err = parse_peft_config(path, root, &c);
     if (err) return err;
     a->info.kind = ENGINE_ADAPTER_LORA;
     a->info.format = "peft";
     a->info.scale = (float)(c.alpha / (c.use_rslora ? sqrt((double)c.r) : (double)c.r));
 
-    if (snprintf(path, sizeof(path), "%s/adapter_model.safetensors", dir) >= (int)sizeof(path)) {
-        LOG_ERROR("%s: %s: path too long", __func__, dir);
-        return ERR_IO;
-    }
+    int fd = -1;
+    err = open_in_dir(src, "adapter_model.safetensors", path, &fd);
+    if (err) return err;
     struct safetensors_file *f = NULL;
-    err = safetensors_open(path, &f);  // logs its own errors
+    err = safetensors_open_fd(fd, path, &f);  // logs its own errors
+    close(fd);
     if (err) return err;
     const size_t n_mods = (size_t)hp->n_layer * ADAPTER_PROJ_COUNT;
     const struct safetensors_tensor **ta = calloc(n_mods, sizeof(*ta));
@@ -646,12 +686,20 @@ static int gguf_mat(const char *path, const char *name, const struct gguf_tensor
     return 0;
 }
 
-static int load_gguf(struct engine_adapter *a, const char *path) {
+static int load_gguf(struct engine_adapter *a, const struct load_src *src) {
     const struct engine_model *m = a->model;
     const struct hparams *hp = &m->hp;
-    struct gguf_file *f = NULL;
-    int err = gguf_open(path, &f);  // logs its own errors
+    const char *path = src->path;
+    // Read from the open file, not by name: the bytes are the checked file's.
+    struct file_map map;
+    int err = file_map_fd(src->fd, path, &map);  // logs its own errors
     if (err) return err;
+    struct gguf_file *f = NULL;
+    err = gguf_open_memory(map.data, map.size, path, &f);  // logs its own errors
+    if (err) {
+        file_unmap(&map);
+        return err;
+    }
     const size_t n_mods = (size_t)hp->n_layer * ADAPTER_PROJ_COUNT;
     const struct gguf_tensor_info **ta = calloc(n_mods, sizeof(*ta));
     const struct gguf_tensor_info **tb = calloc(n_mods, sizeof(*tb));
@@ -765,6 +813,7 @@ done:
     free(ta);
     free(tb);
     gguf_close(f);
+    file_unmap(&map);  // the weights were copied out
     return err;
 }
 
@@ -897,20 +946,21 @@ static void name_stray_tensor(const struct safetensors_file *f, const char *path
     }
 }
 
-static int load_bottleneck(struct engine_adapter *a, const char *dir, const json_t *root) {
+static int load_bottleneck(struct engine_adapter *a, const struct load_src *src,
+                           const json_t *root) {
     const struct hparams *hp = &a->model->hp;
     char path[LORA_PATH_MAX];
-    snprintf(path, sizeof(path), "%s/adapter_config.json", dir);
+    snprintf(path, sizeof(path), "%s/adapter_config.json", src->path);
     int32_t width = 0;
     double scaling = 1.0;
     int err = bottleneck_config(a, path, root, &width, &scaling);
     if (err) return err;
-    if (snprintf(path, sizeof(path), "%s/adapter_model.safetensors", dir) >= (int)sizeof(path)) {
-        LOG_ERROR("%s: %s: path too long", __func__, dir);
-        return ERR_IO;
-    }
+    int fd = -1;
+    err = open_in_dir(src, "adapter_model.safetensors", path, &fd);
+    if (err) return err;
     struct safetensors_file *f = NULL;
-    err = safetensors_open(path, &f);
+    err = safetensors_open_fd(fd, path, &f);
+    close(fd);
     if (err) return err;
     const size_t n_mods = (size_t)hp->n_layer * ADAPTER_POS_COUNT;
     a->bn = calloc(n_mods, sizeof(*a->bn));
@@ -943,23 +993,23 @@ done:
 /* ---- the public API ------------------------------------------------------------ */
 
 /* A directory: its adapter_config.json says bottleneck or (PEFT) LoRA. */
-static int load_dir(struct engine_adapter *a, const char *dir) {
+static int load_dir(struct engine_adapter *a, const struct load_src *src) {
     json_t *root = NULL;
-    int err = read_config(dir, &root);
+    int err = read_config(src, &root);
     if (err) return err;
     const char *type = NULL;
     char path[LORA_PATH_MAX];
-    snprintf(path, sizeof(path), "%s/adapter_config.json", dir);
+    snprintf(path, sizeof(path), "%s/adapter_config.json", src->path);
     err = cfg_string(path, root, "adapter_type", &type);
     if (!err) {
         if (type && strcmp(type, "bottleneck") == 0) {
-            err = load_bottleneck(a, dir, root);
+            err = load_bottleneck(a, src, root);
         } else if (type) {
             LOG_ERROR("%s: %s: adapter_type '%.32s' is not supported (bottleneck; PEFT LoRA "
                       "configs have no adapter_type)", __func__, path, type);
             err = ERR_UNSUPPORTED;
         } else {
-            err = load_peft(a, dir, root);
+            err = load_peft(a, src, root);
         }
     }
     json_decref(root);
@@ -969,6 +1019,7 @@ static int load_dir(struct engine_adapter *a, const char *dir) {
 int engine_adapter_load(const struct engine_model *m, const char *path,
                         struct engine_adapter **out) {
     *out = NULL;
+    // stat first: a FIFO or a device is refused without opening it.
     struct stat st;
     if (stat(path, &st) != 0) {
         LOG_ERROR("%s: %s: %s", __func__, path, strerror(errno));
@@ -979,6 +1030,34 @@ int engine_adapter_load(const struct engine_model *m, const char *path,
                   path);
         return ERR_IO;
     }
+    int fd = open(path, O_RDONLY | O_CLOEXEC | (S_ISDIR(st.st_mode) ? O_DIRECTORY : 0));
+    if (fd < 0) {
+        LOG_ERROR("%s: cannot open %s: %s", __func__, path, strerror(errno));
+        return ERR_IO;
+    }
+    int err = engine_adapter_load_fd(m, fd, path, 0, out);
+    close(fd);
+    return err;
+}
+
+int engine_adapter_load_fd(const struct engine_model *m, int fd, const char *path,
+                           unsigned flags, struct engine_adapter **out) {
+    *out = NULL;
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        LOG_ERROR("%s: %s: %s", __func__, path, strerror(errno));
+        return ERR_IO;
+    }
+    if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode)) {
+        LOG_ERROR("%s: %s is neither a directory (PEFT, bottleneck) nor a file (GGUF)", __func__,
+                  path);
+        return ERR_IO;
+    }
+    const struct load_src src = {
+        .fd = fd,
+        .path = path,
+        .is_no_symlinks = (flags & ENGINE_ADAPTER_LOAD_NO_SYMLINKS) != 0,
+    };
     struct engine_adapter *a = calloc(1, sizeof(*a));
     if (!a) return ERR_NOMEM;
     atomic_init(&a->n_refs, 1);
@@ -990,7 +1069,7 @@ int engine_adapter_load(const struct engine_model *m, const char *path,
         return ERR_NOMEM;
     }
     a->info.path = a->path;
-    int err = S_ISDIR(st.st_mode) ? load_dir(a, path) : load_gguf(a, path);
+    int err = S_ISDIR(st.st_mode) ? load_dir(a, &src) : load_gguf(a, &src);
     if (err) {
         adapter_free(a);
         return err;

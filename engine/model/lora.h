@@ -66,6 +66,21 @@ struct engine_adapter_info {
 int engine_adapter_load(const struct engine_model *m, const char *path,
                         struct engine_adapter **out);
 
+/* engine_adapter_load_fd() flags. */
+#define ENGINE_ADAPTER_LOAD_NO_SYMLINKS 1u  // a directory's files may not be symlinks (ERR_PERM)
+
+/* As engine_adapter_load(), from fd: an open directory (PEFT, bottleneck),
+ * whose files are opened in it with openat(), or an open GGUF file, read
+ * through fd. Nothing is opened by path, so what is loaded is what fd
+ * names, whatever happens to the names meanwhile (server/lora_path.h).
+ * fd is borrowed (not closed); path names the adapter in messages and
+ * info.path. With ENGINE_ADAPTER_LOAD_NO_SYMLINKS, a directory's
+ * adapter_config.json or adapter_model.safetensors that is a symlink is
+ * refused with ERR_PERM (logged). Returns what engine_adapter_load() does,
+ * or ERR_PERM. [any thread] */
+int engine_adapter_load_fd(const struct engine_model *m, int fd, const char *path,
+                           unsigned flags, struct engine_adapter **out);
+
 /* Takes one more reference; returns a. [any thread] */
 struct engine_adapter *engine_adapter_retain(struct engine_adapter *a);
 

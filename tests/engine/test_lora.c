@@ -18,6 +18,7 @@
  * names the tensor (or the field).
  */
 #define _POSIX_C_SOURCE 200809L
+#include <fcntl.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -520,6 +521,85 @@ static void test_lora_each_load_gets_a_new_id(void **state) {
     engine_model_free(m);
 }
 
+/* Copies file from to to (whole). */
+static void copy_to(const char *from, const char *to) {
+    size_t n = 0;
+    char *data = testutil_read_file(from, &n);
+    if (!data) fail_msg("cannot read %s", from);
+    FILE *f = fopen(to, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+    free(data);
+}
+
+/* engine_adapter_load_fd() loads what the descriptor names: the same adapter
+ * as a load by path; a GGUF file replaced under its name after the open is
+ * still read as it was; a PEFT directory's symlinked file loads (the layout
+ * of a Hugging Face cache) unless ENGINE_ADAPTER_LOAD_NO_SYMLINKS, which
+ * refuses it with ERR_PERM. */
+static void test_lora_load_fd_reads_the_open_object(void **state) {
+    (void)state;
+    struct engine_model *m = load_model("llama-f32");
+    struct engine_adapter *by_path = load_adapter(m, "llama-peft");
+    const struct engine_adapter_info *ip = engine_adapter_get_info(by_path);
+    int fd = open(adapter_path("llama-peft"), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    assert_true(fd >= 0);
+    struct engine_adapter *a = NULL;
+    assert_int_equal(engine_adapter_load_fd(m, fd, "peft-by-fd", ENGINE_ADAPTER_LOAD_NO_SYMLINKS,
+                                            &a),
+                     0);
+    close(fd);
+    const struct engine_adapter_info *ia = engine_adapter_get_info(a);
+    assert_string_equal(ia->format, ip->format);
+    assert_string_equal(ia->path, "peft-by-fd");
+    assert_int_equal(ia->rank, ip->rank);
+    assert_int_equal(ia->n_targets, ip->n_targets);
+    assert_int_equal(ia->bytes, ip->bytes);
+    engine_adapter_release(a);
+    engine_adapter_release(by_path);
+
+    char dir[4096];
+    snprintf(dir, sizeof(dir), "%s/tests/engine/lora-fd-%d", testutil_build_dir(), (int)getpid());
+    char cfg[4200];
+    char st[4200];
+    char gguf[4200];
+    snprintf(cfg, sizeof(cfg), "%s/adapter_config.json", dir);
+    snprintf(st, sizeof(st), "%s/adapter_model.safetensors", dir);
+    snprintf(gguf, sizeof(gguf), "%s.gguf", dir);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    char from[4200];
+    snprintf(from, sizeof(from), "%s/adapter_config.json", adapter_path("llama-peft"));
+    copy_to(from, cfg);
+    snprintf(from, sizeof(from), "%s/adapter_model.safetensors", adapter_path("llama-peft"));
+    assert_int_equal(symlink(from, st), 0);
+    fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    assert_true(fd >= 0);
+    assert_int_equal(engine_adapter_load_fd(m, fd, dir, 0, &a), 0);
+    engine_adapter_release(a);
+    assert_int_equal(engine_adapter_load_fd(m, fd, dir, ENGINE_ADAPTER_LOAD_NO_SYMLINKS, &a),
+                     ERR_PERM);
+    assert_null(a);
+    close(fd);
+
+    copy_to(adapter_path("llama-gguf-f16"), gguf);
+    fd = open(gguf, O_RDONLY | O_CLOEXEC);
+    assert_true(fd >= 0);
+    assert_int_equal(unlink(gguf), 0);
+    copy_to(cfg, gguf);  // not an adapter at all now, under the same name
+    assert_int_equal(engine_adapter_load_fd(m, fd, gguf, ENGINE_ADAPTER_LOAD_NO_SYMLINKS, &a), 0);
+    assert_string_equal(engine_adapter_get_info(a)->format, "gguf");
+    engine_adapter_release(a);
+    close(fd);
+    assert_int_not_equal(engine_adapter_load(m, gguf, &a), 0);  // by name: what is there now
+
+    unlink(gguf);
+    unlink(st);
+    unlink(cfg);
+    rmdir(dir);
+    engine_model_free(m);
+}
+
 static void test_lora_slots_and_references(void **state) {
     (void)state;
     struct engine_model *m = load_model("llama-f32");
@@ -917,6 +997,7 @@ int main(void) {
         cmocka_unit_test(test_lora_rejects_bad_peft_naming_the_tensor),
         cmocka_unit_test(test_lora_rejects_bad_gguf_naming_the_tensor),
         cmocka_unit_test(test_lora_rejects_bad_bottleneck_naming_the_tensor),
+        cmocka_unit_test(test_lora_load_fd_reads_the_open_object),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,7 +6,8 @@
  *     written so (/etc/passwd), reached by a symlink to /etc or to a real
  *     adapter elsewhere, hidden as a symlinked file inside a PEFT directory,
  *     or a sibling directory whose name only starts like it; a missing file
- *     outside gets the same 403 as an existing one;
+ *     outside gets the same 403 as an existing one; a symlink that stays
+ *     inside is 403 too (none is followed: server/lora_path.h);
  *   - at the default log level the log holds no API key (right or wrong), no
  *     prompt and no generated text;
  *   - bound to a non-loopback address without a key, the server warns at
@@ -97,6 +98,8 @@ static void make_tree(void) {
                      0);
     assert_int_equal(symlink("/etc", at("loras/etc")), 0);
     assert_int_equal(symlink(model_file("llama-gguf-f16.gguf"), at("loras/out.gguf")), 0);
+    assert_int_equal(symlink("a.gguf", at("loras/alias.gguf")), 0);  // stays inside
+    assert_int_equal(symlink("peft", at("loras/peft-link")), 0);    // stays inside
 }
 
 static void remove_tree(void) {
@@ -159,6 +162,9 @@ static void test_security_lora_dir_confines_runtime_loads(void **state) {
     load(s.port, "x7", at("loras-old/c.gguf"), 403, forbidden);  // prefix, not parent
     load(s.port, "x8", model_file("llama-gguf-f16.gguf"), 403, forbidden);
     load(s.port, "x9", "/etc/no-such-file-7f3a", 403, forbidden);  // missing: same answer
+    // A symlink that stays inside is refused too: none is followed.
+    load(s.port, "x11", "alias.gguf", 403, forbidden);
+    load(s.port, "x12", "peft-link", 403, forbidden);
     // Inside but missing: a plain 400.
     load(s.port, "x10", "no-such.gguf", 400, invalid);
     // The names refused are not listed; the loaded ones serve requests.

@@ -75,7 +75,7 @@ static void setup(struct fixture *f) {
     struct fake_engine_params p = {.n_vocab = 64, .n_ctx = 256};
     f->m = fake_engine_model_create(&p);
     f->r = lora_registry_create(f->m, "base");
-    f->l = lora_loader_create(f->r);
+    f->l = lora_loader_create(f->r, NULL);
     assert_non_null(f->r);
     assert_non_null(f->l);
 }

@@ -82,7 +82,7 @@ static void test_lora_registry_reservation_then_load(void **state) {
     assert_int_equal(fake_engine_n_loads(m), 0);  // reserving reads nothing
 
     struct engine_adapter *a = NULL;
-    assert_int_equal(lora_registry_load_reserved(r, t1, &a, msg, sizeof(msg)), 0);
+    assert_int_equal(lora_registry_load_reserved(r, t1, NULL, &a, msg, sizeof(msg)), 0);
     assert_non_null(a);
     assert_string_equal(engine_adapter_get_info(a)->path, "/adapters/a");
     struct engine_adapter *got = lora_registry_get(r, "a");
@@ -94,7 +94,7 @@ static void test_lora_registry_reservation_then_load(void **state) {
                      LORA_REGISTRY_EXISTS);
     assert_non_null(strstr(msg, "already loaded"));
     // A used-up ticket is never honoured again; tickets are never reused.
-    assert_int_equal(lora_registry_load_reserved(r, t1, NULL, msg, sizeof(msg)), ERR_CANCELED);
+    assert_int_equal(lora_registry_load_reserved(r, t1, NULL, NULL, msg, sizeof(msg)), ERR_CANCELED);
     assert_int_equal(lora_registry_reserve(r, "b", "/adapters/b", &t3, msg, sizeof(msg)), 0);
     assert_true(t3 != t1);
     lora_registry_cancel(r, t3);
@@ -121,7 +121,7 @@ static void test_lora_registry_failed_load_frees_the_name(void **state) {
     uint64_t t = 0;
     assert_int_equal(lora_registry_reserve(r, "x", "/adapters/bad", &t, msg, sizeof(msg)), 0);
     struct engine_adapter *a = (struct engine_adapter *)&t;  // must be reset
-    assert_int_equal(lora_registry_load_reserved(r, t, &a, msg, sizeof(msg)), ERR_FORMAT);
+    assert_int_equal(lora_registry_load_reserved(r, t, NULL, &a, msg, sizeof(msg)), ERR_FORMAT);
     assert_null(a);
     assert_non_null(strstr(msg, "'x'"));
     assert_non_null(strstr(msg, "/adapters/bad"));
@@ -143,7 +143,7 @@ struct load_arg {
 
 static void *load_thread(void *p) {
     struct load_arg *la = p;
-    la->err = lora_registry_load_reserved(la->r, la->ticket, NULL, la->msg, sizeof(la->msg));
+    la->err = lora_registry_load_reserved(la->r, la->ticket, NULL, NULL, la->msg, sizeof(la->msg));
     return NULL;
 }
 
@@ -156,7 +156,7 @@ static void test_lora_registry_unload_cancels_a_reservation(void **state) {
     // Before the load starts.
     assert_int_equal(lora_registry_reserve(r, "q", "/adapters/q", &t, msg, sizeof(msg)), 0);
     assert_int_equal(lora_registry_unload(r, "q"), 0);
-    assert_int_equal(lora_registry_load_reserved(r, t, NULL, msg, sizeof(msg)), ERR_CANCELED);
+    assert_int_equal(lora_registry_load_reserved(r, t, NULL, NULL, msg, sizeof(msg)), ERR_CANCELED);
     assert_int_equal(fake_engine_n_loads(m), 0);
 
     // While it runs (held at the gate on another thread); the name may be
@@ -176,7 +176,7 @@ static void test_lora_registry_unload_cancels_a_reservation(void **state) {
     assert_non_null(strstr(la.msg, "unloaded while it was loading"));
     assert_int_equal(fake_engine_n_live_adapters(m), 0);  // the gated adapter was dropped
     assert_null(lora_registry_get(r, "g"));               // still only reserved (t2)
-    assert_int_equal(lora_registry_load_reserved(r, t2, NULL, msg, sizeof(msg)), 0);
+    assert_int_equal(lora_registry_load_reserved(r, t2, NULL, NULL, msg, sizeof(msg)), 0);
     struct engine_adapter *g = lora_registry_get(r, "g");
     assert_non_null(g);
     assert_string_equal(engine_adapter_get_info(g)->path, "/adapters/g2");
