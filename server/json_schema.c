@@ -358,15 +358,14 @@ static int re_class(struct re *r, struct buf *b) {
     return 0;
 }
 
-static int re_alt(struct re *r, struct buf *b, bool *nullable);
+static int re_alt(struct re *r, struct buf *b);
 
 /* The JSON text of any one character (the regex '.'; also around unanchored patterns). */
 static const char json_any_char[] = "char";
 
-/* One atom into b; *nullable: whether it can match the empty string. */
-static int re_atom(struct re *r, struct buf *b, bool *nullable) {
+/* One atom into b. */
+static int re_atom(struct re *r, struct buf *b) {
     char c = r->s[r->pos];
-    *nullable = false;
     switch (c) {
         case '(': {
             r->pos++;
@@ -376,7 +375,7 @@ static int re_atom(struct re *r, struct buf *b, bool *nullable) {
             }
             if (++r->depth > JSON_SCHEMA_DEPTH_MAX) return re_fail(r, "nesting");
             buf_append_char(b, '(');
-            int err = re_alt(r, b, nullable);
+            int err = re_alt(r, b);
             if (err) return err;
             r->depth--;
             if (r->pos >= r->n || r->s[r->pos] != ')') return re_fail(r, "unbalanced '('");
@@ -445,51 +444,36 @@ static int re_braces(struct re *r, long *lo, long *hi) {
     return 1;
 }
 
-/* A sequence of quantified atoms into b; *nullable as for re_atom(). An
- * unbounded repetition (*, +, {m,}) of an atom that can match the empty
- * string is refused: its GBNF (R ::= x R | empty) could go round without
- * consuming anything, which the grammar compiler rejects as left recursion. */
-static int re_seq(struct re *r, struct buf *b, bool *nullable) {
+/* A sequence of quantified atoms into b. A repetition of an atom that can
+ * match the empty string ((a?)*, (|yT){2,}) is written as it is: the grammar
+ * compiler takes it (gbnf.c, remove_nullable_stars()). */
+static int re_seq(struct re *r, struct buf *b) {
     bool any = false;
-    *nullable = true;
     while (r->pos < r->n && r->s[r->pos] != '|' && r->s[r->pos] != ')') {
         if (r->s[r->pos] == '$' && r->pos + 1 == r->n) break;  // the end anchor
         if (any) buf_append_char(b, ' ');
         buf_append_char(b, '(');
-        bool is_atom_nullable = false;
-        int err = re_atom(r, b, &is_atom_nullable);
+        int err = re_atom(r, b);
         if (err) return err;
         buf_append_char(b, ')');
         any = true;
-        if (r->pos >= r->n) {
-            *nullable = *nullable && is_atom_nullable;
-            break;
-        }
+        if (r->pos >= r->n) break;
         char q = r->s[r->pos];
         long lo, hi;
         if (q == '*' || q == '+' || q == '?') {
-            if (q != '?' && is_atom_nullable) {
-                return re_fail(r, "repetition of a group that can match the empty string");
-            }
             buf_append_char(b, q);
             r->pos++;
-            if (q != '+') is_atom_nullable = true;
         } else if (q == '{' && re_braces(r, &lo, &hi)) {
             if (lo > GBNF_REPEAT_MAX || hi > GBNF_REPEAT_MAX)
                 return re_fail(r,
                                "repetition count over "
                                "1000");
             if (hi >= 0 && hi < lo) return re_fail(r, "repetition {m,n} with n < m");
-            if (hi < 0 && is_atom_nullable) {
-                return re_fail(r, "repetition of a group that can match the empty string");
-            }
-            if (lo == 0) is_atom_nullable = true;
             if (hi < 0)
                 appendf(b, "{%ld,}", lo);
             else
                 appendf(b, "{%ld,%ld}", lo, hi);
         }
-        *nullable = *nullable && is_atom_nullable;
         if (r->pos < r->n && (r->s[r->pos] == '?' || r->s[r->pos] == '+'))
             return re_fail(r, "lazy or possessive quantifier");
         if (r->pos < r->n && strchr("*+?", r->s[r->pos])) return re_fail(r, "double quantifier");
@@ -498,15 +482,13 @@ static int re_seq(struct re *r, struct buf *b, bool *nullable) {
     return 0;
 }
 
-/* Alternatives into b; *nullable as for re_atom(). */
-static int re_alt(struct re *r, struct buf *b, bool *nullable) {
-    int err = re_seq(r, b, nullable);
+/* Alternatives into b. */
+static int re_alt(struct re *r, struct buf *b) {
+    int err = re_seq(r, b);
     while (!err && r->pos < r->n && r->s[r->pos] == '|') {
         r->pos++;
         buf_append_str(b, " | ");
-        bool is_seq_nullable = false;
-        err = re_seq(r, b, &is_seq_nullable);
-        *nullable = *nullable || is_seq_nullable;
+        err = re_seq(r, b);
     }
     return err;
 }
@@ -534,8 +516,7 @@ static int pattern_expr(struct gen *g, const char *pat, const char *path, struct
     buf_append_str(body, "\"\\\"\" ");
     if (!start) buf_append_str(body, "char* ");
     buf_append_char(body, '(');
-    bool is_nullable = false;  // an empty match is fine for the whole pattern
-    int err = re_alt(&r, body, &is_nullable);
+    int err = re_alt(&r, body);
     if (err) return err;
     if (r.pos < r.n && !(end && r.pos == r.n - 1)) return re_fail(&r, "unbalanced ')'");
     buf_append_str(body, ") ");

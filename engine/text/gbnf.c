@@ -7,7 +7,9 @@
  * become helper rules named after the rule they appear in ("value_3"), as
  * llama.cpp names them. Character classes become byte-sequence alternatives
  * by splitting code-point ranges at UTF-8 boundaries. The finished builder is
- * checked (every rule defined, no left recursion) and flattened into one
+ * checked (every rule defined), unbounded repetitions of what can match the
+ * empty string are rewritten (remove_nullable_stars()), the result is checked
+ * for left recursion, and it is flattened into one
  * allocation. Memory is bookkeeping-sized: the text is at most GBNF_TEXT_MAX
  * bytes and the program at most GBNF_ITEMS_MAX items.
  */
@@ -55,6 +57,7 @@ struct builder {
     int32_t n_sets;
     int32_t cap_sets;
     int64_t n_items;        // items so far, against GBNF_ITEMS_MAX
+    struct ivec stars;      // the S ::= x S | ε helpers of unbounded repetitions
     char *msg;
     size_t msg_size;
 };
@@ -172,6 +175,7 @@ static void builder_deinit(struct builder *b) {
     }
     free(b->rules);
     free(b->sets);
+    free(b->stars.v);
 }
 
 /* ---- lexing ---------------------------------------------------------------- */
@@ -508,6 +512,7 @@ static int emit_repeat(struct builder *b, int32_t x, int32_t m, int32_t n, struc
         rule_add_alt(b, s, &alt);
         rule_add_alt(b, s, &alt);  // the empty alternative
         ivec_push(seq, item(GBNF_OP_RULE, s));
+        ivec_push(&b->stars, s);  // x may turn out to match ε: remove_nullable_stars()
         return 0;
     }
     // T_1 ::= x | ε;  T_k ::= x T_{k-1} | ε
@@ -720,6 +725,128 @@ static bool *compute_nullable(const struct builder *b) {
     return nullable;
 }
 
+/* ---- repetitions of what can match the empty string --------------------------- */
+
+/* The rule r' that matches what r matches but the empty string (see
+ * remove_nullable_stars()), made on first use; r is queued in work to get
+ * its alternatives. */
+static int32_t nonempty_rule(struct builder *b, int32_t *nonempty, struct ivec *work, int32_t r) {
+    if (nonempty[r] >= 0) return nonempty[r];
+    char name[GBNF_NAME_MAX + 16];
+    const int32_t owner = b->rules[r].owner;
+    int n = snprintf(name, sizeof(name), "%s_%d", b->rules[owner].name, (int)b->n_rules);
+    int32_t id = rule_add(b, name, (size_t)n, owner);
+    b->rules[id].is_defined = true;
+    b->rules[id].line = b->rules[r].line;
+    nonempty[r] = id;
+    ivec_push(work, r);
+    return id;
+}
+
+/* Whether rule r has an alternative naming a rule marked in is_void. */
+static bool drop_void_alts(struct builder *b, int32_t r, const bool *is_void) {
+    struct brule *rl = &b->rules[r];
+    bool changed = false;
+    for (int32_t a = 0; a < rl->n_alts;) {
+        bool is_dead = false;
+        for (int32_t i = 0; i < rl->alts[a].n && !is_dead; i++) {
+            int32_t it = rl->alts[a].v[i];
+            is_dead = gbnf_item_op(it) == GBNF_OP_RULE && is_void[gbnf_item_arg(it)];
+        }
+        if (!is_dead) {
+            a++;
+            continue;
+        }
+        free(rl->alts[a].v);
+        memmove(&rl->alts[a], &rl->alts[a + 1], (size_t)(rl->n_alts - a - 1) * sizeof(*rl->alts));
+        rl->n_alts--;
+        changed = true;
+    }
+    return changed;
+}
+
+/* x* (and x+, x{m,}) is written S ::= x S | ε, which goes round without
+ * consuming when x can match the empty string: left recursion, which the
+ * matcher cannot run. But x* matches what (x')* does, x' being x without
+ * the empty string, so S's x becomes x' (x{m,n} needs nothing: its helpers
+ * T_k ::= x T_{k-1} | ε do not recur). llama.cpp's left-recursion check
+ * refuses these grammars; accepting them is ours.
+ * For a rule r that can match ε, r' has, for each alternative i_1 ... i_k
+ * of r and each j such that i_1 ... i_{j-1} can all match ε, the
+ * alternative i_j' i_{j+1} ... i_k, where i_j' is i_j when it cannot match
+ * ε (a byte, or such a rule) and the rule i_j' otherwise: a non-empty match
+ * of the alternative is the empty string for some leading items, then a
+ * non-empty match of the next. Every r' starts with something that must
+ * consume, so S no longer recurs without consuming; an r' of an r that
+ * matches only ε has no alternative and matches nothing, so alternatives
+ * naming it are dropped (until none is left that does). Real left
+ * recursion, in x or elsewhere, stays and check_left_recursion() refuses
+ * it. The new rules count against GBNF_ITEMS_MAX. */
+static int remove_nullable_stars(struct builder *b) {
+    bool *nullable = compute_nullable(b);
+    const int32_t n_orig = b->n_rules;  // rules from here on are r' rules: never nullable
+    int32_t *nonempty = xmalloc((size_t)n_orig * sizeof(int32_t));
+    for (int32_t r = 0; r < n_orig; r++) nonempty[r] = -1;
+    struct ivec work = {0};
+    int err = 0;
+    // First every S (so that an r' built from an S sees S ::= x' S | ε).
+    for (int32_t k = 0; k < b->stars.n; k++) {
+        const int32_t s = b->stars.v[k];
+        const int32_t x = b->rules[s].alts[0].v[0];
+        if (gbnf_item_op(x) != GBNF_OP_RULE || !nullable[gbnf_item_arg(x)]) continue;
+        const int32_t xp = nonempty_rule(b, nonempty, &work, gbnf_item_arg(x));
+        b->rules[s].alts[0].v[0] = item(GBNF_OP_RULE, xp);
+    }
+    while (work.n > 0 && !err) {
+        const int32_t r = work.v[--work.n];
+        for (int32_t a = 0; a < b->rules[r].n_alts && !err; a++) {
+            for (int32_t j = 0; j < b->rules[r].alts[a].n; j++) {
+                const int32_t it = b->rules[r].alts[a].v[j];
+                const int32_t arg = gbnf_item_arg(it);
+                const bool is_null = gbnf_item_op(it) == GBNF_OP_RULE && arg < n_orig &&
+                                     nullable[arg];
+                err = budget(b, b->rules[r].alts[a].n - j + 1);
+                if (err) break;
+                struct ivec alt = {0};
+                // nonempty_rule() may move b->rules: read the alternative after it
+                ivec_push(&alt, is_null ? item(GBNF_OP_RULE, nonempty_rule(b, nonempty, &work, arg))
+                                        : it);
+                const struct ivec *src = &b->rules[r].alts[a];
+                for (int32_t i = j + 1; i < src->n; i++) ivec_push(&alt, src->v[i]);
+                rule_add_alt(b, nonempty[r], &alt);
+                if (!is_null) break;  // later items cannot lead
+            }
+        }
+    }
+    if (!err) {
+        // r' rules without alternatives match nothing: drop what names them.
+        bool *is_void = xcalloc((size_t)b->n_rules, sizeof(bool));
+        bool changed = true;
+        while (changed) {
+            changed = false;
+            for (int32_t r = n_orig; r < b->n_rules; r++) {
+                if (!is_void[r] && b->rules[r].n_alts == 0) {
+                    is_void[r] = true;
+                    changed = true;
+                }
+            }
+            if (!changed) break;
+            changed = false;
+            for (int32_t k = 0; k < b->stars.n; k++) {
+                if (drop_void_alts(b, b->stars.v[k], is_void)) changed = true;
+            }
+            for (int32_t r = n_orig; r < b->n_rules; r++) {
+                if (!is_void[r] && drop_void_alts(b, r, is_void)) changed = true;
+            }
+        }
+        free(is_void);
+    }
+    free(work.v);
+    free(nonempty);
+    free(nullable);
+    return err;
+}
+
 /* Depth-first search over "r can start with rule s" edges; a back edge is
  * left recursion. color: 0 new, 1 on the path, 2 done. Iterative, with an
  * explicit stack of (rule, alternative, item) cursors, so a deep grammar
@@ -850,6 +977,7 @@ int gbnf_compile(const char *text, size_t len, struct gbnf **out, char *msg, siz
             err = fail(&b, "unknown rule '%s'", b.rules[r].name);
         }
     }
+    if (!err) err = remove_nullable_stars(&b);
     if (!err) err = check_left_recursion(&b);
     if (!err) {
         *out = flatten(&b, root);

@@ -19,12 +19,16 @@
  *                     GBNF_OP_RULE  rule `arg`
  *   rule r's alternatives start at items[alts[rule_alt0[r] ... rule_alt0[r+1])]
  * Repetitions are expanded into helper rules (x* is R ::= x R | ε), so the
- * program has only sequences, alternatives and rule references.
+ * program has only sequences, alternatives and rule references. When x can
+ * match the empty string (("" | "a")*, ("a"? "b"?)+), R's x is a helper
+ * that matches x's non-empty strings (the same language, and R no longer
+ * goes round without consuming). (llama.cpp refuses these as left recursion.)
  *
  * Checked at compile time, each an ERR_INVAL with a message naming the place:
  * syntax (unbalanced brackets, quotes, bad escapes), an undefined or twice
  * defined rule, a missing root, left recursion (a rule that can reach itself
- * without consuming a byte), repetition counts over GBNF_REPEAT_MAX, nesting
+ * without consuming a byte; a repetition of what can match nothing is not
+ * that, but one that recurs through its body, (root | "")*, still is), repetition counts over GBNF_REPEAT_MAX, nesting
  * deeper than GBNF_DEPTH_MAX and programs over GBNF_ITEMS_MAX items.
  *
  * Threads: a struct gbnf is immutable after gbnf_compile() and reference

@@ -103,6 +103,62 @@ static void test_gbnf_repetition(void **state) {
     CHECK("root ::= \"a\"{ 1 , 2 }", {"a", FULL}, {"aa", FULL}, {"aaa", REJECT});
 }
 
+/* Whether grammars a and b agree (FULL, PREFIX or REJECT) on every string of
+ * at most max_len bytes over alphabet: the oracle for a rewritten grammar is
+ * an equivalent one written by hand without the construct under test. */
+static void check_same_language(const char *a, const char *b, const char *alphabet,
+                                int max_len) {
+    const int k = (int)strlen(alphabet);
+    char s[16];
+    int idx[16];
+    for (int len = 0; len <= max_len; len++) {
+        for (int i = 0; i < len; i++) idx[i] = 0;
+        for (;;) {
+            for (int i = 0; i < len; i++) s[i] = alphabet[idx[i]];
+            s[len] = '\0';
+            int ga = match(a, s);
+            int gb = match(b, s);
+            if (ga != gb) fail_msg("on \"%s\": %s gives %d, %s gives %d", s, a, ga, b, gb);
+            int i = len - 1;
+            while (i >= 0 && ++idx[i] == k) idx[i--] = 0;
+            if (i < 0) break;
+        }
+    }
+}
+
+/* A repetition whose body can match the empty string: x* matches what
+ * (x without ε)* does. Oracles: strings derived
+ * by hand, and equivalence with the grammar written without a nullable
+ * body. */
+static void test_gbnf_repetition_of_nullable(void **state) {
+    (void)state;
+    CHECK("root ::= (\"\" | \"a\")*", {"", FULL}, {"a", FULL}, {"aaa", FULL}, {"b", REJECT},
+          {"ab", REJECT});
+    CHECK("root ::= (\"\" | \"a\")+ \"b\"", {"b", FULL}, {"ab", FULL}, {"aaab", FULL},
+          {"", PREFIX}, {"aa", PREFIX}, {"ba", REJECT});
+    CHECK("root ::= (\"a\"?)*", {"", FULL}, {"a", FULL}, {"aaaa", FULL}, {"b", REJECT});
+    CHECK("root ::= (| \"yT\"){2,} \"3\"", {"3", FULL}, {"yT3", FULL}, {"yTyTyT3", FULL},
+          {"y", PREFIX}, {"yT", PREFIX}, {"yy", REJECT}, {"T3", REJECT});
+    CHECK("root ::= (\"\")* \"x\"", {"x", FULL}, {"", PREFIX}, {"xx", REJECT});
+    const char *abc = "abc";
+    check_same_language("root ::= (\"\" | \"a\")*", "root ::= \"a\"*", abc, 5);
+    check_same_language("root ::= (\"a\"? \"b\"?)*", "root ::= [ab]*", abc, 5);
+    check_same_language("root ::= ((\"a\" | \"\") (\"b\" | \"\"))+ \"c\"", "root ::= [ab]* \"c\"",
+                        abc, 5);
+    check_same_language("root ::= x* \"c\"\nx ::= \"\" | \"ab\" | y\ny ::= \"b\"?",
+                        "root ::= (\"ab\" | \"b\")* \"c\"", abc, 6);
+    check_same_language("root ::= ((\"\" | \"a\")* \"b\"?)*", "root ::= [ab]*", abc, 5);
+    check_same_language("root ::= (\"a\"?){2,}", "root ::= \"a\"*", abc, 5);
+    check_same_language("root ::= (\"a\"? \"b\"){1,2} (\"c\"?)+", "root ::= (\"a\"? \"b\"){1,2} \"c\"*",
+                        abc, 6);
+    check_same_language("root ::= (\"\")*", "root ::= \"\"", abc, 3);
+    check_same_language("root ::= (e)* \"a\"\ne ::= \"\" | e2\ne2 ::= \"\"", "root ::= \"a\"", abc,
+                        3);
+    // A rule that recurs through the repetition: nesting, not left recursion.
+    check_same_language("root ::= (\"(\" root \")\" | \"\")*", "root ::= (\"(\" root \")\")*",
+                        "()", 6);
+}
+
 static void test_gbnf_grouping_and_newlines(void **state) {
     (void)state;
     const char *g = "root ::= (\n"
@@ -231,7 +287,10 @@ static void test_gbnf_errors(void **state) {
     expect_error("root ::= root \"a\" | \"b\"", "left recursion: rule 'root'");
     expect_error("root ::= a\na ::= b \"x\"\nb ::= a | \"y\"", "left recursion");
     expect_error("root ::= opt root \"a\" | \"b\"\nopt ::= \"\" | \"c\"", "left recursion");
-    expect_error("root ::= (\"a\"?)*", "left recursion");
+    // A repetition of something that can match nothing is not left recursion
+    // (test_gbnf_repetition_of_nullable), but one that recurs through it is.
+    expect_error("root ::= (root | \"\")* \"a\"", "left recursion");
+    expect_error("root ::= x\nx ::= (\"\" | x \"b\")*", "left recursion");
     expect_error("root ::= \"a\"\nroot ::= \"b\"", "defined twice");
     expect_error("root ::= \"a\" $", "unexpected character '$'");
     expect_error("root := \"a\"", "expected '::='");
@@ -328,6 +387,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gbnf_alternation_and_literals),
         cmocka_unit_test(test_gbnf_repetition),
+        cmocka_unit_test(test_gbnf_repetition_of_nullable),
         cmocka_unit_test(test_gbnf_grouping_and_newlines),
         cmocka_unit_test(test_gbnf_char_classes),
         cmocka_unit_test(test_gbnf_utf8_literals_and_escapes),
