@@ -743,7 +743,8 @@ static int32_t nonempty_rule(struct builder *b, int32_t *nonempty, struct ivec *
     return id;
 }
 
-/* Whether rule r has an alternative naming a rule marked in is_void. */
+/* Drops the alternatives of rule r that name a rule marked in is_void; whether
+ * any was dropped. */
 static bool drop_void_alts(struct builder *b, int32_t r, const bool *is_void) {
     struct brule *rl = &b->rules[r];
     bool changed = false;
