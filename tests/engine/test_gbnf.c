@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -157,6 +158,173 @@ static void test_gbnf_repetition_of_nullable(void **state) {
     // A rule that recurs through the repetition: nesting, not left recursion.
     check_same_language("root ::= (\"(\" root \")\" | \"\")*", "root ::= (\"(\" root \")\")*",
                         "()", 6);
+}
+
+/* ---- random regular grammars against a recogniser written here ---------------- */
+
+/* A random regular expression over {a, b} as a tree, and an independent
+ * recogniser of it (position sets, no GBNF, no automaton): for a set of start
+ * positions, the set of end positions; a star is a fixpoint. Trying a byte at
+ * the end of the input sets hit_end: the input is then a viable prefix (every
+ * node here matches some string, so the attempt can be completed). */
+enum rx_kind { RX_A, RX_B, RX_EMPTY, RX_CAT, RX_ALT, RX_STAR, RX_PLUS, RX_OPT, RX_REP };
+struct rx {
+    enum rx_kind kind;
+    int l, r;   // children (indices), -1 when none
+    int m, n;   // RX_REP: {m,n}, n < 0 unbounded
+};
+struct rx_tree {
+    struct rx node[64];
+    int n_nodes;
+};
+
+static uint64_t rx_next(uint64_t *x) {
+    *x = *x * 6364136223846793005ull + 1442695040888963407ull;
+    return *x >> 33;
+}
+
+static int rx_make(struct rx_tree *t, uint64_t *x, int depth) {
+    int i = t->n_nodes++;
+    struct rx *nd = &t->node[i];
+    *nd = (struct rx){.l = -1, .r = -1};
+    int k = depth <= 0 || t->n_nodes > 40 ? (int)(rx_next(x) % 3) : (int)(rx_next(x) % 9);
+    nd->kind = (enum rx_kind)k;
+    if (k >= RX_CAT) {
+        int l = rx_make(t, x, depth - 1);
+        t->node[i].l = l;
+        if (k <= RX_ALT) {
+            int r = rx_make(t, x, depth - 1);
+            t->node[i].r = r;
+        }
+        if (k == RX_REP) {
+            t->node[i].m = (int)(rx_next(x) % 3);
+            t->node[i].n = rx_next(x) % 2 ? -1 : t->node[i].m + (int)(rx_next(x) % 2);
+        }
+    }
+    return i;
+}
+
+static void rx_gbnf(const struct rx_tree *t, int i, char *out, size_t cap) {
+    const struct rx *nd = &t->node[i];
+    size_t len = strlen(out);
+    char *p = out + len;
+    size_t left = cap - len;
+    char l[1024] = "";
+    char r[1024] = "";
+    if (nd->l >= 0) rx_gbnf(t, nd->l, l, sizeof(l));
+    if (nd->r >= 0) rx_gbnf(t, nd->r, r, sizeof(r));
+    switch (nd->kind) {
+        case RX_A: snprintf(p, left, "\"a\""); break;
+        case RX_B: snprintf(p, left, "\"b\""); break;
+        case RX_EMPTY: snprintf(p, left, "\"\""); break;
+        case RX_CAT: snprintf(p, left, "(%s %s)", l, r); break;
+        case RX_ALT: snprintf(p, left, "(%s | %s)", l, r); break;
+        case RX_STAR: snprintf(p, left, "(%s)*", l); break;
+        case RX_PLUS: snprintf(p, left, "(%s)+", l); break;
+        case RX_OPT: snprintf(p, left, "(%s)?", l); break;
+        case RX_REP:
+            if (nd->n < 0) snprintf(p, left, "(%s){%d,}", l, nd->m);
+            else snprintf(p, left, "(%s){%d,%d}", l, nd->m, nd->n);
+            break;
+    }
+}
+
+struct rx_rec {
+    const char *s;
+    int n;
+    bool hit_end;
+};
+
+typedef uint32_t rx_set;  // bit p: position p (inputs are short)
+
+static rx_set rx_run(const struct rx_tree *t, int i, rx_set in, struct rx_rec *c);
+
+static rx_set rx_star(const struct rx_tree *t, int i, rx_set in, struct rx_rec *c) {
+    rx_set all = in;
+    rx_set at = in;
+    while (at) {
+        rx_set next = rx_run(t, i, at, c) & ~all;
+        all |= next;
+        at = next;
+    }
+    return all;
+}
+
+static rx_set rx_run(const struct rx_tree *t, int i, rx_set in, struct rx_rec *c) {
+    const struct rx *nd = &t->node[i];
+    switch (nd->kind) {
+        case RX_A:
+        case RX_B: {
+            const char want = nd->kind == RX_A ? 'a' : 'b';
+            rx_set out = 0;
+            for (int p = 0; p <= c->n; p++) {
+                if (!(in >> p & 1)) continue;
+                if (p == c->n) c->hit_end = true;
+                else if (c->s[p] == want) out |= 1u << (p + 1);
+            }
+            return out;
+        }
+        case RX_EMPTY: return in;
+        case RX_CAT: return rx_run(t, nd->r, rx_run(t, nd->l, in, c), c);
+        case RX_ALT: return rx_run(t, nd->l, in, c) | rx_run(t, nd->r, in, c);
+        case RX_STAR: return rx_star(t, nd->l, in, c);
+        case RX_PLUS: return rx_star(t, nd->l, rx_run(t, nd->l, in, c), c);
+        case RX_OPT: return in | rx_run(t, nd->l, in, c);
+        case RX_REP: {
+            rx_set at = in;
+            for (int k = 0; k < nd->m; k++) at = rx_run(t, nd->l, at, c);
+            if (nd->n < 0) return rx_star(t, nd->l, at, c);
+            rx_set all = at;
+            for (int k = nd->m; k < nd->n; k++) {
+                at = rx_run(t, nd->l, at, c);
+                all |= at;
+            }
+            return all;
+        }
+    }
+    return 0;
+}
+
+/* 400 random expressions, many repeating what can match nothing, against
+ * every string over {a, b, c} of up to 4 bytes: the compiler and matcher
+ * agree with the recogniser on FULL, PREFIX and REJECT. */
+static void test_gbnf_random_regular_grammars(void **state) {
+    (void)state;
+    uint64_t x = 0x6e62;
+    int n_nullable_repeats = 0;
+    for (int it = 0; it < 400; it++) {
+        struct rx_tree t = {.n_nodes = 0};
+        int root = rx_make(&t, &x, 4);
+        char g[4096] = "root ::= ";
+        rx_gbnf(&t, root, g, sizeof(g));
+        for (int i = 0; i < t.n_nodes; i++) {
+            const struct rx *nd = &t.node[i];
+            if (nd->kind == RX_STAR || nd->kind == RX_PLUS || (nd->kind == RX_REP && nd->n < 0)) {
+                struct rx_rec e = {.s = "", .n = 0};
+                if (rx_run(&t, nd->l, 1u, &e) & 1u) n_nullable_repeats++;
+            }
+        }
+        const char alphabet[] = "abc";
+        char s[8];
+        for (int len = 0; len <= 4; len++) {
+            int n_str = 1;
+            for (int k = 0; k < len; k++) n_str *= 3;
+            for (int code = 0; code < n_str; code++) {
+                int v = code;
+                for (int k = 0; k < len; k++) {
+                    s[k] = alphabet[v % 3];
+                    v /= 3;
+                }
+                s[len] = '\0';
+                struct rx_rec c = {.s = s, .n = len};
+                rx_set ends = rx_run(&t, root, 1u, &c);
+                int want = ends >> len & 1 ? FULL : c.hit_end ? PREFIX : REJECT;
+                int got = match(g, s);
+                if (got != want) fail_msg("%s on \"%s\": got %d want %d", g, s, got, want);
+            }
+        }
+    }
+    assert_true(n_nullable_repeats > 50);  // the case under test is common here
 }
 
 static void test_gbnf_grouping_and_newlines(void **state) {
@@ -388,6 +556,7 @@ int main(void) {
         cmocka_unit_test(test_gbnf_alternation_and_literals),
         cmocka_unit_test(test_gbnf_repetition),
         cmocka_unit_test(test_gbnf_repetition_of_nullable),
+        cmocka_unit_test(test_gbnf_random_regular_grammars),
         cmocka_unit_test(test_gbnf_grouping_and_newlines),
         cmocka_unit_test(test_gbnf_char_classes),
         cmocka_unit_test(test_gbnf_utf8_literals_and_escapes),
