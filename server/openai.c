@@ -40,10 +40,12 @@ static int fail(struct openai_error *e, const char *param, const char *fmt, ...)
 }
 
 /* An array sized by the request: it may fail (ERR_NOMEM in e: a 500 for this
- * request only), and a test may make it fail (engine/base/fault.h, site
- * parse). NULL then; the caller returns ERR_NOMEM. */
-static void *parse_calloc(size_t count, size_t size, struct openai_error *e) {
-    void *p = fault_calloc(FAULT_SITE_PARSE, count, size);
+ * request only), and a test may make it fail (engine/base/fault.h: site
+ * parse, or tools for tool calling's arrays). NULL then; the caller returns
+ * ERR_NOMEM. */
+static void *request_calloc(enum fault_site site, size_t count, size_t size,
+                            struct openai_error *e) {
+    void *p = fault_calloc(site, count, size);
     if (!p) {
         snprintf(e->message, sizeof(e->message), "Out of memory while parsing the request");
         e->err = ERR_NOMEM;
@@ -172,7 +174,7 @@ static int parse_logit_bias(json_t *root, int32_t n_vocab, struct openai_request
     if (!json_is_object(v)) return fail(e, "logit_bias", "'logit_bias' must be an object");
     size_t n = json_object_size(v);
     if (n > (size_t)n_vocab) return fail(e, "logit_bias", "'logit_bias' has too many entries");
-    r->logit_bias = parse_calloc(n ? n : 1, sizeof(*r->logit_bias), e);
+    r->logit_bias = request_calloc(FAULT_SITE_PARSE, n ? n : 1, sizeof(*r->logit_bias), e);
     if (!r->logit_bias) return ERR_NOMEM;
     const char *key;
     json_t *b;
@@ -204,7 +206,7 @@ static int parse_stop_token_ids(json_t *root, int32_t n_vocab, struct openai_req
         return fail(e, "stop_token_ids", "'stop_token_ids' must be an array of at most 1024 ids");
     }
     size_t n = json_array_size(v);
-    r->stop_token_ids = parse_calloc(n ? n : 1, sizeof(int32_t), e);
+    r->stop_token_ids = request_calloc(FAULT_SITE_PARSE, n ? n : 1, sizeof(int32_t), e);
     if (!r->stop_token_ids) return ERR_NOMEM;
     size_t i;
     json_t *t;
@@ -278,7 +280,7 @@ static int parse_ids(json_t *arr, int32_t n_vocab, struct openai_prompt *p,
     size_t n = json_array_size(arr);
     if (n == 0) return fail(e, "prompt", "'prompt' must not be empty");
     if (n > INT32_MAX / 2) return fail(e, "prompt", "'prompt' is too long");
-    p->ids = parse_calloc(n, sizeof(int32_t), e);
+    p->ids = request_calloc(FAULT_SITE_PARSE, n, sizeof(int32_t), e);
     if (!p->ids) return ERR_NOMEM;
     size_t i;
     json_t *t;
@@ -300,7 +302,7 @@ static int parse_prompt(json_t *root, int32_t n_vocab, struct openai_request *r,
     json_t *v = json_object_get(root, "prompt");
     if (!v || json_is_null(v)) return fail(e, "prompt", "'prompt' is required");
     if (json_is_string(v)) {
-        r->prompts = parse_calloc(1, sizeof(*r->prompts), e);
+        r->prompts = request_calloc(FAULT_SITE_PARSE, 1, sizeof(*r->prompts), e);
         if (!r->prompts) return ERR_NOMEM;
         r->n_prompts = 1;
         return dup_string(v, "prompt", &r->prompts[0].text, e);
@@ -312,7 +314,7 @@ static int parse_prompt(json_t *root, int32_t n_vocab, struct openai_request *r,
     }
     json_t *first = json_array_get(v, 0);
     if (json_is_integer(first)) {
-        r->prompts = parse_calloc(1, sizeof(*r->prompts), e);
+        r->prompts = request_calloc(FAULT_SITE_PARSE, 1, sizeof(*r->prompts), e);
         if (!r->prompts) return ERR_NOMEM;
         r->n_prompts = 1;
         return parse_ids(v, n_vocab, &r->prompts[0], e);
@@ -321,7 +323,7 @@ static int parse_prompt(json_t *root, int32_t n_vocab, struct openai_request *r,
     if (n > OPENAI_MAX_PROMPTS) {
         return fail(e, "prompt", "'prompt' may hold at most %d prompts", OPENAI_MAX_PROMPTS);
     }
-    r->prompts = parse_calloc(n, sizeof(*r->prompts), e);
+    r->prompts = request_calloc(FAULT_SITE_PARSE, n, sizeof(*r->prompts), e);
     if (!r->prompts) return ERR_NOMEM;
     r->n_prompts = (int32_t)n;
     size_t i;
@@ -492,7 +494,8 @@ static int parse_message_tools(json_t *m, int32_t i, struct chat_message *out,
                     (int)i, TOOL_CALL_MAX_CALLS);
     size_t n = json_array_size(calls);
     if (n == 0) return 0;
-    struct chat_tool_call *cs = xcalloc(n, sizeof(*cs));
+    struct chat_tool_call *cs = request_calloc(FAULT_SITE_TOOLS, n, sizeof(*cs), e);
+    if (!cs) return ERR_NOMEM;
     out->tool_calls = cs;
     size_t k;
     json_t *c;
@@ -568,7 +571,8 @@ static int parse_tool(json_t *v, int32_t i, struct openai_tool *t, struct openai
     t->json = tojson(v, false);
     t->json_indent4 = tojson(v, true);
     size_t n = json_object_size(fn);
-    t->members = xcalloc(n ? n : 1, sizeof(*t->members));
+    t->members = request_calloc(FAULT_SITE_TOOLS, n ? n : 1, sizeof(*t->members), e);
+    if (!t->members) return ERR_NOMEM;
     const char *key;
     json_t *mv;
     json_object_foreach(fn, key, mv) {
@@ -593,7 +597,8 @@ static int parse_tools(json_t *root, struct openai_request *r, struct openai_err
             return fail(e, "tools", "'tools' must be an array of at most %d tools",
                         TOOL_CALL_MAX_TOOLS);
         size_t n = json_array_size(tools);
-        r->tools = xcalloc(n ? n : 1, sizeof(*r->tools));
+        r->tools = request_calloc(FAULT_SITE_TOOLS, n ? n : 1, sizeof(*r->tools), e);
+        if (!r->tools) return ERR_NOMEM;
         size_t i;
         json_t *v;
         json_array_foreach(tools, i, v) {
@@ -605,7 +610,8 @@ static int parse_tools(json_t *root, struct openai_request *r, struct openai_err
                                 (int)i, r->tools[i].name);
             }
         }
-        r->chat_tools = xcalloc(n ? n : 1, sizeof(*r->chat_tools));
+        r->chat_tools = request_calloc(FAULT_SITE_TOOLS, n ? n : 1, sizeof(*r->chat_tools), e);
+        if (!r->chat_tools) return ERR_NOMEM;
         for (size_t k = 0; k < n; k++) {
             r->chat_tools[k] = (struct chat_tool){.json = r->tools[k].json,
                                                   .json_indent4 = r->tools[k].json_indent4,
@@ -688,7 +694,7 @@ static int parse_messages(json_t *root, struct openai_request *r, struct openai_
         return fail(e, "messages", "'messages' may hold at most %d messages",
                     OPENAI_MAX_MESSAGES);
     }
-    r->messages = parse_calloc(n, sizeof(*r->messages), e);
+    r->messages = request_calloc(FAULT_SITE_PARSE, n, sizeof(*r->messages), e);
     if (!r->messages) return ERR_NOMEM;
     size_t i;
     json_t *m;
@@ -914,7 +920,9 @@ static int prepare_tools(struct openai_request *r, const struct openai_model *m,
         return fail(e, "tools", "This model's chat template (%s) does not support tools",
                     chat_family_name(m->chat_family));
     }
-    struct tool_call_tool *tt = xcalloc((size_t)r->n_tools, sizeof(*tt));
+    struct tool_call_tool *tt =
+        request_calloc(FAULT_SITE_TOOLS, (size_t)r->n_tools, sizeof(*tt), e);
+    if (!tt) return ERR_NOMEM;
     int32_t n = 0;
     for (int32_t i = 0; i < r->n_tools; i++) {
         if (r->tool_choice == OPENAI_TOOL_CHOICE_NAMED && i != r->tool_named) continue;

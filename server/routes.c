@@ -15,6 +15,7 @@
 
 #include "engine/base/alloc.h"
 #include "engine/base/err.h"
+#include "engine/base/fault.h"
 #include "engine/base/log.h"
 #include "server/lora_loader.h"
 #include "server/lora_path.h"
@@ -342,8 +343,18 @@ void routes_final_reply(const struct routes_ctx *ctx, struct req *r, struct rout
     struct openai_tool_call *calls = NULL;
     char (*ids)[32] = NULL;
     if (r->oa.parse_tools) {
-        calls = xcalloc((size_t)r->n_choices * TOOL_CALL_MAX_CALLS, sizeof(*calls));
-        ids = xcalloc((size_t)r->n_choices * TOOL_CALL_MAX_CALLS, sizeof(*ids));
+        // Sized by the request (n choices), so fallible, and a test's fault
+        // site: a 500 for this reply, nothing else.
+        size_t n = (size_t)r->n_choices * TOOL_CALL_MAX_CALLS;
+        calls = fault_calloc(FAULT_SITE_TOOLS, n, sizeof(*calls));
+        ids = calls ? fault_calloc(FAULT_SITE_TOOLS, n, sizeof(*ids)) : NULL;
+        if (!ids) {
+            free(calls);
+            free(texts);
+            free(cs);
+            routes_error(out, 500, "Out of memory while building the reply", NULL, NULL);
+            return;
+        }
     }
     struct openai_usage u = {.prompt_tokens = r->n_prompt_total,
                              .completion_tokens = req_n_generated(r)};

@@ -12,7 +12,7 @@
 
 #include "engine/base/log.h"
 
-static const char *const site_names[FAULT_SITE_COUNT] = {"kv", "adapter", "parse"};
+static const char *const site_names[FAULT_SITE_COUNT] = {"kv", "adapter", "parse", "tools"};
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static int64_t fail_at[FAULT_SITE_COUNT];       // 0: never; written once, under `once`
@@ -34,8 +34,8 @@ static void read_env(void) {
         char *num_end = NULL;
         long long n = colon ? strtoll(colon + 1, &num_end, 10) : 0;
         if (site < 0 || n < 1 || num_end != p + len) {
-            LOG_WARN("LLMSERVE_FAULT: '%.*s' is not SITE:N (kv, adapter, parse; N >= 1); ignored",
-                     (int)len, p);
+            LOG_WARN("LLMSERVE_FAULT: '%.*s' is not SITE:N (kv, adapter, parse, tools; "
+                     "N >= 1); ignored", (int)len, p);
         } else {
             fail_at[site] = n;
             LOG_WARN("LLMSERVE_FAULT: allocation %lld at %s will fail (a test hook)", n,

@@ -11,6 +11,10 @@
  *            adapted projection of a load
  *   parse    the arrays a request's JSON is parsed into (server/openai.c:
  *            prompts, messages, token ids, stop ids, logit bias)
+ *   tools    the arrays of tool calling (server/openai.c, server/routes.c):
+ *            a request's tools, each tool's members, the templates' view
+ *            of them, a message's tool_calls, the list the call grammar is
+ *            built from, and a reply's parsed calls and their ids
  * Without the variable nothing fails and the cost is one relaxed atomic
  * increment per allocation at those sites. A bad value is ignored with a
  * warning, so a typo cannot take a server down.
@@ -29,6 +33,7 @@ enum fault_site {
     FAULT_SITE_KV,
     FAULT_SITE_ADAPTER,
     FAULT_SITE_PARSE,
+    FAULT_SITE_TOOLS,
     FAULT_SITE_COUNT,
 };
 

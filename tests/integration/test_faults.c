@@ -2,8 +2,8 @@
  * test_faults.c - faults around a running server: its model file truncated
  * and rewritten while it serves, SIGKILL under load followed by a
  * restart on the same port, a --request-timeout, and allocation failures
- * injected at the KV block table, adapter loading and request parsing
- * (engine/base/fault.h). The oracle for "still correct" is stories260K's
+ * injected at the KV block table, adapter loading, request parsing and tool
+ * calling's arrays (engine/base/fault.h). The oracle for "still correct" is stories260K's
  * known greedy text (../shared/models/README.md), or without ../shared the
  * synthetic model's answer before the fault.
  */
@@ -11,6 +11,7 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -278,6 +279,71 @@ static void test_adapter_allocation_failure(void **state) {
     free(ref);
 }
 
+/* A chat request whose only tool, ping, takes no arguments (the schema
+ * allows only {}), with a call required: by hand, its reply is one call of
+ * ping with arguments {} whatever the model is. */
+static const char TOOL_REQUEST[] =
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"Ping?\"}],"
+    "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"ping\","
+    "\"parameters\":{\"type\":\"object\",\"properties\":{},"
+    "\"additionalProperties\":false}}}],"
+    "\"tool_choice\":\"required\",\"parallel_tool_calls\":false,"
+    "\"max_tokens\":200,\"temperature\":0}";
+
+/* TOOL_REQUEST on port answers 200 with that one call. */
+static void expect_tool_call(int port) {
+    struct httptest_resp r;
+    int st = httptest_request(port, "POST", "/v1/chat/completions", NULL, TOOL_REQUEST, &r);
+    if (st != 200) fail_msg("tool request answered %d: %s", st, r.body ? r.body : "");
+    char *finish = httptest_json_str(r.body, "finish_reason");
+    char *name = httptest_json_str(r.body, "name");
+    char *args = httptest_json_str(r.body, "arguments");
+    if (!finish || !name || !args) fail_msg("not a tool call: %s", r.body);
+    assert_string_equal(finish, "tool_calls");
+    assert_string_equal(name, "ping");
+    char *o = args;  // the JSON text {} with any white space the grammar allows
+    for (const char *c = args; *c; c++) {
+        if (*c != ' ' && *c != '\n' && *c != '\t' && *c != '\r') *o++ = *c;
+    }
+    *o = '\0';
+    assert_string_equal(args, "{}");
+    free(finish);
+    free(name);
+    free(args);
+    httptest_resp_free(&r);
+}
+
+/* tools:N (engine/base/fault.h). Counted by hand from server/openai.c and
+ * server/routes.c, TOOL_REQUEST (one tool with two members, no tool_calls
+ * in its messages) allocates 6 arrays at the site: tools, ping's members,
+ * the templates' view of the tools, the grammar's list, and the reply's
+ * calls and ids. So allocations 1-6 are the first tool request's and 7-12
+ * the second's; the failing one is a 500 for its request only, and a plain
+ * completion (no tools: nothing at the site) before them and a third tool
+ * request after are served. */
+static void test_tools_allocation_failures(void **state) {
+    (void)state;
+    const int at[] = {1, 2, 3, 4, 5, 6, 7, 12};
+    for (size_t k = 0; k < sizeof(at) / sizeof(at[0]); k++) {
+        char spec[32];
+        snprintf(spec, sizeof(spec), "tools:%d", at[k]);
+        setenv("LLMSERVE_FAULT", spec, 1);
+        struct httptest_server s;
+        httptest_start(&s, httptest_model("llama-f32"), NULL);
+        unsetenv("LLMSERVE_FAULT");
+        expect(s.port, "/v1/completions", REQUEST, 200);
+        for (int i = 1; i <= 3; i++) {
+            bool fails = (i == 1 && at[k] <= 6) || (i == 2 && at[k] >= 7 && at[k] <= 12);
+            if (fails) {
+                expect(s.port, "/v1/chat/completions", TOOL_REQUEST, 500);
+            } else {
+                expect_tool_call(s.port);
+            }
+        }
+        assert_int_equal(httptest_stop(&s, SIGTERM), 0);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_model_truncated_while_serving),
@@ -285,6 +351,7 @@ int main(void) {
         cmocka_unit_test(test_request_timeout),
         cmocka_unit_test(test_allocation_failures_fail_one_request),
         cmocka_unit_test(test_adapter_allocation_failure),
+        cmocka_unit_test(test_tools_allocation_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -18,9 +18,10 @@
 
 static void test_fault_fails_the_nth_call_once(void **state) {
     (void)state;
-    // kv:3 and parse:1 are taken; "adapter:0" (N < 1), "bogus:2" (no such
-    // site) and "parse" (no N) are ignored with a warning.
-    assert_int_equal(setenv("LLMSERVE_FAULT", "kv:3,adapter:0,bogus:2,parse:1,parse", 1), 0);
+    // kv:3, parse:1 and tools:2 are taken; "adapter:0" (N < 1), "bogus:2"
+    // (no such site) and "parse" (no N) are ignored with a warning.
+    assert_int_equal(
+        setenv("LLMSERVE_FAULT", "kv:3,adapter:0,bogus:2,parse:1,parse,tools:2", 1), 0);
     const bool kv_want[] = {false, false, true, false, false, false};
     for (size_t i = 0; i < sizeof(kv_want) / sizeof(kv_want[0]); i++) {
         assert_int_equal(fault_hit(FAULT_SITE_KV), kv_want[i]);
@@ -38,6 +39,11 @@ static void test_fault_fails_the_nth_call_once(void **state) {
         p = fault_malloc(FAULT_SITE_ADAPTER, 16);
         assert_non_null(p);
         free(p);
+    }
+    // tools:2, counted apart from parse: the second call only.
+    const bool tools_want[] = {false, true, false, false};
+    for (size_t i = 0; i < sizeof(tools_want) / sizeof(tools_want[0]); i++) {
+        assert_int_equal(fault_hit(FAULT_SITE_TOOLS), tools_want[i]);
     }
 }
 
