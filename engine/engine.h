@@ -88,6 +88,8 @@ struct engine_model_info {
     int32_t sliding_window;    // 0: none
     int64_t n_params;          // elements of all tensors
     size_t weight_bytes;       // bytes of all tensors
+    size_t file_bytes_read;    // bytes of tensor data read from the file: only this rank's
+                               //   slices in a parallel job (engine_model_load)
 };
 
 const struct engine_model_info *engine_model_get_info(const struct engine_model *m);

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -17,59 +18,81 @@
 
 enum { FILE_READ_CHUNK = 1 << 30 };  // bytes per pread (Linux stops one at 2 GiB)
 
+/* st_size of fd, a regular file: 0, ERR_IO or ERR_FORMAT (logged with name). */
+static int regular_size(int fd, const char *name, size_t *out) {
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        LOG_ERROR("cannot stat %s: %s", name, strerror(errno));
+        return ERR_IO;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        LOG_ERROR("%s is not a regular file", name);
+        return ERR_FORMAT;
+    }
+    *out = (size_t)st.st_size;
+    return 0;
+}
+
+/* Reads bytes [off, off + n) of fd into dst: 0, or ERR_IO when a read fails
+ * or the file ends first (it shrank since it was sized; logged with name). */
+static int read_at(int fd, const char *name, uint8_t *dst, size_t off, size_t n) {
+    for (size_t done = 0; done < n;) {
+        size_t want = n - done < FILE_READ_CHUNK ? n - done : FILE_READ_CHUNK;
+        ssize_t got = pread(fd, dst + done, want, (off_t)(off + done));
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) {
+            LOG_ERROR("cannot read %s: %s", name,
+                      got < 0 ? strerror(errno) : "the file shrank while it was read");
+            return ERR_IO;
+        }
+        done += (size_t)got;
+    }
+    return 0;
+}
+
+/* size bytes of private anonymous memory, writable, or NULL (logged). */
+static void *reserve(size_t size, const char *name) {
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        LOG_ERROR("cannot allocate %zu bytes for %s: %s", size, name, strerror(errno));
+        return NULL;
+    }
+    return p;
+}
+
+int file_map_fd(int fd, const char *name, struct file_map *out) {
+    out->data = NULL;
+    out->size = 0;
+    size_t size = 0;
+    int err = regular_size(fd, name, &size);
+    if (err || size == 0) return err;
+    // The bytes are copied into anonymous memory, not mapped from the file: a
+    // mapping of the file would turn its truncation while in use (a model
+    // replaced in place, a copy over it) into SIGBUS at the next access of a
+    // page that is gone. A copy is never read from the file again.
+    uint8_t *p = reserve(size, name);
+    if (!p) return ERR_NOMEM;
+    if ((err = read_at(fd, name, p, 0, size))) {
+        munmap(p, size);
+        return err;
+    }
+    mprotect(p, size, PROT_READ);  // read-only, as the file's mapping was
+    out->data = p;
+    out->size = size;
+    return 0;
+}
+
 int file_map(const char *path, struct file_map *out) {
     out->data = NULL;
     out->size = 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        LOG_ERROR("%s: cannot open %s: %s", __func__, path, strerror(errno));
+        LOG_ERROR("cannot open %s: %s", path, strerror(errno));
         return ERR_IO;
     }
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        LOG_ERROR("%s: cannot stat %s: %s", __func__, path, strerror(errno));
-        close(fd);
-        return ERR_IO;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        LOG_ERROR("%s: %s is not a regular file", __func__, path);
-        close(fd);
-        return ERR_FORMAT;
-    }
-    if (st.st_size == 0) {
-        close(fd);
-        return 0;
-    }
-    // The bytes are copied into anonymous memory, not mapped from the file: a
-    // mapping of the file would turn its truncation while in use (a model
-    // replaced in place, a copy over it) into SIGBUS at the next access of a
-    // page that is gone. A copy is never read from the file again.
-    const size_t size = (size_t)st.st_size;
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-        LOG_ERROR("%s: cannot allocate %zu bytes for %s: %s", __func__, size, path,
-                  strerror(errno));
-        close(fd);
-        return ERR_NOMEM;
-    }
-    for (size_t done = 0; done < size;) {
-        size_t want = size - done < FILE_READ_CHUNK ? size - done : FILE_READ_CHUNK;
-        ssize_t n = pread(fd, (uint8_t *)p + done, want, (off_t)done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-            LOG_ERROR("%s: cannot read %s: %s", __func__, path,
-                      n < 0 ? strerror(errno) : "the file shrank while it was read");
-            munmap(p, size);
-            close(fd);
-            return ERR_IO;
-        }
-        done += (size_t)n;
-    }
+    int err = file_map_fd(fd, path, out);
     close(fd);
-    mprotect(p, size, PROT_READ);  // read-only, as the file's mapping was
-    out->data = p;
-    out->size = size;
-    return 0;
+    return err;
 }
 
 void file_unmap(struct file_map *m) {
@@ -107,12 +130,36 @@ void file_cursor_init(struct file_cursor *c, const void *base, size_t size) {
     c->base = base;
     c->size = size;
     c->pos = 0;
+    c->avail = size;
+    c->fill = NULL;
+}
+
+enum { SPARSE_FIRST_CHUNK = 64 << 10 };  // bytes a sparse cursor reads first
+
+void file_cursor_init_sparse(struct file_cursor *c, struct file_sparse *s) {
+    file_cursor_init(c, s->map.data, s->map.size);
+    c->avail = 0;
+    c->fill = s;
+}
+
+/* Makes bytes [0, end) there to read (end <= size): 0, or ERR_FORMAT when the
+ * file cannot supply them (logged by the read). Each fill at least doubles
+ * what is there, so a header of H bytes takes O(log H) reads and reads less
+ * than 2H + SPARSE_FIRST_CHUNK. */
+static int cursor_need(struct file_cursor *c, size_t end) {
+    if (end <= c->avail) return 0;
+    size_t want = c->avail < SPARSE_FIRST_CHUNK / 2 ? SPARSE_FIRST_CHUNK : 2 * c->avail;
+    if (want < end) want = end;
+    if (want > c->size) want = c->size;
+    if (file_sparse_read(c->fill, c->avail, want - c->avail)) return ERR_FORMAT;
+    c->avail = want;
+    return 0;
 }
 
 size_t file_cursor_left(const struct file_cursor *c) { return c->size - c->pos; }
 
 static int cursor_read(struct file_cursor *c, void *dst, size_t n) {
-    if (file_cursor_left(c) < n) return ERR_FORMAT;
+    if (file_cursor_left(c) < n || cursor_need(c, c->pos + n)) return ERR_FORMAT;
     memcpy(dst, c->base + c->pos, n);  // x86-64 and aarch64 hosts are little-endian
     c->pos += n;
     return 0;
@@ -124,55 +171,62 @@ int file_cursor_u32(struct file_cursor *c, uint32_t *out) { return cursor_read(c
 int file_cursor_u64(struct file_cursor *c, uint64_t *out) { return cursor_read(c, out, 8); }
 
 int file_cursor_bytes(struct file_cursor *c, uint64_t n, const uint8_t **out) {
-    if ((uint64_t)file_cursor_left(c) < n) return ERR_FORMAT;
+    if ((uint64_t)file_cursor_left(c) < n || cursor_need(c, c->pos + (size_t)n)) return ERR_FORMAT;
     *out = c->base + c->pos;
     c->pos += (size_t)n;
     return 0;
 }
 
 int file_cursor_skip(struct file_cursor *c, uint64_t n) {
-    if ((uint64_t)file_cursor_left(c) < n) return ERR_FORMAT;
+    // Skipped bytes are read in too: a parser skips what it views later (a
+    // GGUF scalar, an array), and a header is read whole.
+    if ((uint64_t)file_cursor_left(c) < n || cursor_need(c, c->pos + (size_t)n)) return ERR_FORMAT;
     c->pos += (size_t)n;
     return 0;
 }
 
-/* ---- from an open descriptor ---------------------------------------------------- */
+/* ---- read range by range ------------------------------------------------------- */
 
-int file_map_fd(int fd, const char *name, struct file_map *out) {
-    out->data = NULL;
-    out->size = 0;
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        LOG_ERROR("%s: cannot stat %s: %s", __func__, name, strerror(errno));
+int file_sparse_open(const char *path, struct file_sparse *out) {
+    memset(out, 0, sizeof(*out));
+    out->fd = -1;
+    snprintf(out->name, sizeof(out->name), "%s", path);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        LOG_ERROR("cannot open %s: %s", path, strerror(errno));
         return ERR_IO;
     }
-    if (!S_ISREG(st.st_mode)) {
-        LOG_ERROR("%s: %s is not a regular file", __func__, name);
-        return ERR_FORMAT;
+    size_t size = 0;
+    int err = regular_size(fd, path, &size);
+    if (!err && size > 0 && !(out->map.data = reserve(size, path))) err = ERR_NOMEM;
+    if (err) {
+        close(fd);
+        return err;
     }
-    if (st.st_size == 0) return 0;
-    // Copied into anonymous memory, as file_map() does, and for its reason.
-    const size_t size = (size_t)st.st_size;
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-        LOG_ERROR("%s: cannot allocate %zu bytes for %s: %s", __func__, size, name,
-                  strerror(errno));
-        return ERR_NOMEM;
-    }
-    for (size_t done = 0; done < size;) {
-        size_t want = size - done < FILE_READ_CHUNK ? size - done : FILE_READ_CHUNK;
-        ssize_t n = pread(fd, (uint8_t *)p + done, want, (off_t)done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-            LOG_ERROR("%s: cannot read %s: %s", __func__, name,
-                      n < 0 ? strerror(errno) : "the file shrank while it was read");
-            munmap(p, size);
-            return ERR_IO;
-        }
-        done += (size_t)n;
-    }
-    mprotect(p, size, PROT_READ);
-    out->data = p;
-    out->size = size;
+    out->map.size = size;
+    out->fd = fd;
     return 0;
+}
+
+int file_sparse_read(struct file_sparse *s, size_t off, size_t n) {
+    if (s->fd < 0 || off > s->map.size || n > s->map.size - off) {
+        LOG_ERROR("%s: bytes [%zu, +%zu) are not in the file (%zu bytes)%s", s->name, off, n,
+                  s->map.size, s->fd < 0 ? ", or it is sealed" : "");
+        return ERR_INVAL;
+    }
+    int err = read_at(s->fd, s->name, (uint8_t *)s->map.data + off, off, n);
+    if (!err) s->n_read += n;
+    return err;
+}
+
+void file_sparse_seal(struct file_sparse *s) {
+    if (s->fd < 0) return;
+    close(s->fd);
+    s->fd = -1;
+    if (s->map.data) mprotect((void *)s->map.data, s->map.size, PROT_READ);
+}
+
+void file_sparse_close(struct file_sparse *s) {
+    file_sparse_seal(s);
+    file_unmap(&s->map);
 }

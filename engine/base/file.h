@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct file_sparse;
+
 struct file_map {
     const uint8_t *data;  // the whole file's bytes, page-aligned, read-only; owned (file_unmap)
     size_t size;          // bytes in the file
@@ -37,9 +39,18 @@ struct file_cursor {
     const uint8_t *base;  // borrowed: start of the region
     size_t size;          // bytes in the region
     size_t pos;           // next byte to read, always <= size
+    size_t avail;         // bytes [0, avail) are there to read: size, unless filled on demand
+    struct file_sparse *fill;  // borrowed, or NULL: reads [avail, ...) in as the cursor needs it
 };
 
 void file_cursor_init(struct file_cursor *c, const void *base, size_t size);
+
+/* A cursor over all of s's bytes (s->map.size) that reads them in from the
+ * file as it reaches them, in growing chunks from the start: for a header
+ * of unknown length at the start of a file whose rest is read range by
+ * range (gguf_open_sparse). A read that the file cannot supply is
+ * ERR_FORMAT like a short region, with the I/O error logged. */
+void file_cursor_init_sparse(struct file_cursor *c, struct file_sparse *s);
 
 /* Bytes left to read. */
 size_t file_cursor_left(const struct file_cursor *c);
@@ -56,6 +67,35 @@ int file_cursor_bytes(struct file_cursor *c, uint64_t n, const uint8_t **out);
 
 /* Skips n bytes. */
 int file_cursor_skip(struct file_cursor *c, uint64_t n);
+
+/* A file read range by range instead of whole, for a rank of a parallel job
+ * that computes only its slices of a model (engine/model/shard.h): the whole
+ * size is reserved as private anonymous memory (address space: a page costs
+ * memory only once written), file_sparse_read() copies ranges of the file in
+ * at their own offsets, and file_sparse_seal() closes the file and makes the
+ * bytes read-only. Bytes never read stay zero. As with file_map(), nothing is
+ * read from the file after it is sealed, whatever happens to it. */
+struct file_sparse {
+    struct file_map map;  // all of the file's size; owned (file_sparse_close)
+    int fd;               // open until sealed; -1 after
+    char name[256];       // the path, for messages
+    size_t n_read;        // bytes read so far (a range read twice counts twice)
+};
+
+/* Opens path and reserves its size; reads nothing. Returns 0, ERR_IO,
+ * ERR_NOMEM or ERR_FORMAT (not a regular file), as file_map(). */
+int file_sparse_open(const char *path, struct file_sparse *out);
+
+/* Reads bytes [off, off + n) of the file into s->map.data + off. Returns 0,
+ * ERR_INVAL (the range is not inside the file, or s is sealed) or ERR_IO
+ * (the read failed or the file shrank; logged with the path). */
+int file_sparse_read(struct file_sparse *s, size_t off, size_t n);
+
+/* Closes the file and makes the bytes read-only. Idempotent. */
+void file_sparse_seal(struct file_sparse *s);
+
+/* Seals and unmaps; safe on a zeroed struct with fd -1, or twice. */
+void file_sparse_close(struct file_sparse *s);
 
 /* As file_map(), from an open file descriptor (borrowed: not closed, its
  * offset not used): the bytes of the file fd names, however its path changes

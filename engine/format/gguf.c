@@ -25,7 +25,10 @@
 #define GGUF_MAX_ARRAY_DEPTH 4
 
 struct gguf_file {
-    struct file_map map;                // owned when opened from a path
+    struct file_map map;                // owned when opened from a path, read whole
+    struct file_sparse sparse;          // owned when opened sparse (is_sparse)
+    bool is_sparse;
+    size_t header_read;                 // bytes read by the header's parse (sparse)
     const uint8_t *data;                // the whole file (borrowed or the mapping)
     size_t size;
     char *name;                         // owned
@@ -294,9 +297,8 @@ static const struct gguf_str *tensor_name_at(const struct gguf_file *f, int64_t 
     return &f->tensors[i].name;
 }
 
-static int parse(struct gguf_file *f) {
-    struct file_cursor c;
-    file_cursor_init(&c, f->data, f->size);
+static int parse_cursor(struct gguf_file *f, struct file_cursor *cp) {
+    struct file_cursor c = *cp;
     uint32_t magic;
     if (file_cursor_u32(&c, &magic) || magic != GGUF_MAGIC) {
         LOG_ERROR("%s: not a GGUF file (bad magic)", f->name);
@@ -395,6 +397,19 @@ static int parse(struct gguf_file *f) {
     return check_unique(f, "tensor", f->n_tensors, tensor_name_at);
 }
 
+/* The header's parse, over the bytes read whole or read in as it goes. */
+static int parse(struct gguf_file *f) {
+    struct file_cursor c;
+    if (f->is_sparse) {
+        file_cursor_init_sparse(&c, &f->sparse);
+    } else {
+        file_cursor_init(&c, f->data, f->size);
+    }
+    int err = parse_cursor(f, &c);
+    f->header_read = f->is_sparse ? f->sparse.n_read : f->data_offset;
+    return err;
+}
+
 int gguf_open_memory(const void *data, size_t size, const char *name, struct gguf_file **out) {
     *out = NULL;
     struct gguf_file *f = calloc(1, sizeof(*f));
@@ -431,6 +446,49 @@ int gguf_open(const char *path, struct gguf_file **out) {
     return 0;
 }
 
+int gguf_open_sparse(const char *path, struct gguf_file **out) {
+    *out = NULL;
+    struct gguf_file *f = calloc(1, sizeof(*f));
+    if (!f) return ERR_NOMEM;
+    f->sparse.fd = -1;
+    f->name = strdup(path);
+    int err = f->name ? file_sparse_open(path, &f->sparse) : ERR_NOMEM;
+    if (!err) {
+        f->is_sparse = true;
+        f->data = f->sparse.map.data;
+        f->size = f->sparse.map.size;
+        err = parse(f);
+    }
+    if (err) {
+        gguf_close(f);
+        return err;
+    }
+    *out = f;
+    return 0;
+}
+
+int gguf_read(struct gguf_file *f, const void *p, size_t n) {
+    if (!f->is_sparse) return 0;
+    const uint8_t *b = p;
+    const uint8_t *lo = f->data + f->data_offset;
+    if (b < lo || b > f->data + f->size || n > (size_t)(f->data + f->size - b)) {
+        LOG_ERROR("%s: %zu bytes asked for outside the tensor data", f->name, n);
+        return ERR_INVAL;
+    }
+    return file_sparse_read(&f->sparse, (size_t)(b - f->data), n);
+}
+
+void gguf_seal(struct gguf_file *f) {
+    if (f->is_sparse) file_sparse_seal(&f->sparse);
+}
+
+size_t gguf_header_bytes_read(const struct gguf_file *f) { return f->header_read; }
+
+size_t gguf_data_bytes_read(const struct gguf_file *f) {
+    if (!f->is_sparse) return f->size - f->data_offset;
+    return f->sparse.n_read - f->header_read;
+}
+
 void gguf_close(struct gguf_file *f) {
     if (!f) return;
     if (f->kvs) {
@@ -440,6 +498,7 @@ void gguf_close(struct gguf_file *f) {
     free(f->tensors);
     free(f->name);
     file_unmap(&f->map);
+    if (f->is_sparse) file_sparse_close(&f->sparse);
     free(f);
 }
 

@@ -79,6 +79,28 @@ struct gguf_file;
  * reason is logged once, naming the file and what is wrong. */
 int gguf_open(const char *path, struct gguf_file **out);
 
+/* As gguf_open(), reading only the header (metadata and tensor infos) from
+ * the file: tensor data stays unread, zero, until gguf_read() reads the
+ * ranges a caller needs (a rank of a parallel job: its own slices), and the
+ * file is closed at gguf_seal(). Same checks and returns as gguf_open(). */
+int gguf_open_sparse(const char *path, struct gguf_file **out);
+
+/* Reads the n bytes at p, a view into f's tensor data (inside
+ * [gguf_tensor_at(f, i)->data, + nbytes) of some tensor i), from the file.
+ * A no-op returning 0 for a file read whole. Returns 0, ERR_INVAL (p, n not
+ * inside the data section, or f sealed) or ERR_IO (logged with the path). */
+int gguf_read(struct gguf_file *f, const void *p, size_t n);
+
+/* Closes f's file: nothing is read from it afterwards (gguf_read then fails),
+ * and its bytes become read-only. A no-op for a file read whole. */
+void gguf_seal(struct gguf_file *f);
+
+/* Bytes of tensor data read from the file (gguf_read() calls, for a sparse
+ * file; the whole data section otherwise) and of the header before it
+ * (read whole, or in growing chunks by gguf_open_sparse). */
+size_t gguf_data_bytes_read(const struct gguf_file *f);
+size_t gguf_header_bytes_read(const struct gguf_file *f);
+
 /* As gguf_open() over a caller's buffer, retained (not copied) until
  * gguf_close(). name is used in messages. */
 int gguf_open_memory(const void *data, size_t size, const char *name, struct gguf_file **out);

@@ -455,6 +455,55 @@ static size_t span_bytes(const struct tensor *t) {
     return (size_t)(t->ne[1] - 1) * t->row_bytes + quant_row_size(t->type, t->ne[0]);
 }
 
+/* Reads every vector (a tensor of one row: norms, biases, RoPE factors) from
+ * the file, before binding copies them to f32: they are small, and every
+ * rank reads all of them. */
+static int read_vectors(struct loader *ld) {
+    struct engine_model *m = ld->m;
+    for (int64_t i = 0; i < m->n_tensors; i++) {
+        const struct gguf_tensor_info *ti = gguf_tensor_at(m->gguf, i);
+        if (ti->ne[1] != 1 || ti->ne[2] != 1 || ti->ne[3] != 1) continue;
+        int err = gguf_read(m->gguf, ti->data, ti->nbytes);
+        if (err) return err;
+    }
+    return 0;
+}
+
+/* Reads matrix t's rows as this rank sees them (shard.h): each row's ne[0]
+ * elements at the view's stride, neighbours joined into one read where the
+ * rows are contiguous (a whole matrix, a column-parallel slice). */
+static int read_rows(struct gguf_file *f, const struct tensor *t) {
+    const size_t row = quant_row_size(t->type, t->ne[0]);
+    if (t->row_bytes == row) return gguf_read(f, t->data, (size_t)t->ne[1] * row);
+    for (int64_t r = 0; r < t->ne[1]; r++) {
+        int err = gguf_read(f, (const uint8_t *)t->data + (size_t)r * t->row_bytes, row);
+        if (err) return err;
+    }
+    return 0;
+}
+
+/* Reads the matrices this rank computes with, after shard_layers() cut them:
+ * its stage's layer matrices (its rows and columns of each), the token
+ * embedding where the stage embeds (stage 0), the classifier where it runs
+ * (job rank 0). Nothing else of the file's data is read, so a rank's memory
+ * for weights is about its slices. */
+static int read_matrices(struct loader *ld) {
+    struct engine_model *m = ld->m;
+    const struct shard *sh = &m->shard;
+    int err = 0;
+    for (int32_t il = sh->layer0; !err && il < sh->layer0 + sh->n_layer; il++) {
+        const struct layer *L = &m->layers[il];
+        const struct tensor *lm[7] = {L->wq, L->wk, L->wv, L->wo, L->ffn_gate, L->ffn_up,
+                                      L->ffn_down};
+        for (int k = 0; !err && k < 7; k++) err = read_rows(m->gguf, lm[k]);
+    }
+    if (!err && sh->stage == 0) err = read_rows(m->gguf, m->tok_embd);
+    if (!err && shard_has_classifier(sh) && m->output != m->tok_embd) {
+        err = read_rows(m->gguf, m->output);
+    }
+    return err;
+}
+
 /* Copies every matrix that kern_matmul() multiplies into the panel layout
  * (f32/f16/bf16) or the q-panel layout (quantized types; kernels.h), in one
  * anonymous mapping the model owns, and
@@ -604,7 +653,7 @@ void engine_model_free(struct engine_model *m) {
 int engine_tokenizer_load(const char *path, struct tokenizer **out) {
     *out = NULL;
     struct gguf_file *f = NULL;
-    int err = gguf_open(path, &f);  // maps the file; tensor data is never touched
+    int err = gguf_open_sparse(path, &f);  // the header only: tensor data is never read
     if (err) return err;
     if (!gguf_find(f, "tokenizer.ggml.model")) {
         LOG_ERROR("%s: no tokenizer (tokenizer.ggml.model is missing)", path);
@@ -636,14 +685,24 @@ int engine_model_load(const struct engine_model_params *p, struct engine_model *
                   p->path, p->tp_rank, p->tp_size, p->pp_rank, p->pp_size);
         goto fail;
     }
-    err = gguf_open(p->path, &m->gguf);
+    // The header now, tensor data as the slices this rank needs are known.
+    err = gguf_open_sparse(p->path, &m->gguf);
     if (err) goto fail;
     if ((err = load_meta(&ld)) || (err = load_hparams(&ld)) || (err = load_tensors(&ld)) ||
-        (err = bind_tensors(&ld)) || (err = shard_layers(&ld, p)) ||
-        (err = pack_panels(&ld))) {
+        (err = read_vectors(&ld)) || (err = bind_tensors(&ld)) || (err = shard_layers(&ld, p)) ||
+        (err = read_matrices(&ld)) || (err = pack_panels(&ld))) {
         goto fail;
     }
     drop_unread(m);
+    gguf_seal(m->gguf);  // never read from the file again
+    m->info.file_bytes_read = gguf_data_bytes_read(m->gguf);
+    if (shard_job_size(&m->shard) > 1) {
+        LOG_INFO("%s: rank %d of %d read %zu bytes of tensor data (%.1f of %.1f MiB) and "
+                 "%zu of the header", p->path, shard_job_rank(&m->shard),
+                 shard_job_size(&m->shard), m->info.file_bytes_read,
+                 (double)m->info.file_bytes_read / (1 << 20),
+                 (double)m->info.weight_bytes / (1 << 20), gguf_header_bytes_read(m->gguf));
+    }
     if (gguf_find(m->gguf, "tokenizer.ggml.model")) {
         err = tokenizer_load(m->gguf, &m->tok);
         if (err) goto fail;
