@@ -661,6 +661,77 @@ static void test_gguf_open_reads_a_file_on_disk(void **state) {
     gguf_builder_destroy(b);
 }
 
+/* gguf_open_sparse: a header of 100 KB (a long string) read in chunks of
+ * 64 KiB then doubling (by hand: 65536 + 65536 bytes, the second chunk
+ * running into the first tensor's data), values as written; a tensor past
+ * the chunks stays zero until gguf_read() reads a range of it, which is then
+ * the file's bytes and all that is counted as data read; ranges outside the
+ * data and reads after gguf_seal() are ERR_INVAL. */
+static void test_gguf_open_sparse_reads_the_header_and_asked_ranges(void **state) {
+    (void)state;
+    struct gguf_builder *b = gguf_builder_create(3);
+    char *big = malloc(100001);
+    assert_non_null(big);
+    memset(big, 'x', 100000);
+    big[99999] = 'y';
+    big[100000] = '\0';
+    gguf_builder_kv_str(b, "general.big", big);
+    gguf_builder_kv_u32(b, "llama.block_count", 7);
+    const int64_t ne_a[1] = {16384};  // 64 KiB of f32
+    gguf_builder_tensor(b, "a", 1, ne_a, 0, NULL, 65536);
+    const int64_t ne_b[1] = {1024};
+    gguf_builder_tensor(b, "b", 1, ne_b, 0, NULL, 4096);
+    size_t size;
+    uint8_t *bytes = gguf_builder_finish(b, &size);
+    char path[4096];
+    snprintf(path, sizeof(path), "%s", gguf_builder_write_temp(bytes, size));
+
+    struct gguf_file *f = NULL;
+    assert_int_equal(gguf_open_sparse(path, &f), 0);
+    struct gguf_str v;
+    assert_int_equal(gguf_get_str(f, "general.big", &v), 0);
+    assert_int_equal(v.len, 100000);
+    assert_memory_equal(v.data, big, 100000);
+    uint32_t n = 0;
+    assert_int_equal(gguf_get_u32(f, "llama.block_count", &n), 0);
+    assert_int_equal(n, 7);
+    assert_int_equal(gguf_header_bytes_read(f), 131072);
+    assert_int_equal(gguf_data_bytes_read(f), 0);
+    const struct gguf_tensor_info *tb = gguf_find_tensor(f, "b");
+    assert_non_null(tb);
+    const uint8_t *d = tb->data;
+    const size_t at = size - 4096;  // b is the file's last bytes (4096: aligned)
+    assert_true(at >= 131072);  // past what the header's chunks read
+    for (size_t k = 0; k < 4096; k++) assert_int_equal(d[k], 0);
+    assert_int_equal(gguf_read(f, d + 100, 50), 0);
+    assert_memory_equal(d + 100, bytes + at + 100, 50);
+    assert_int_equal(d[99], 0);
+    assert_int_equal(d[150], 0);
+    assert_int_equal(gguf_data_bytes_read(f), 50);
+    assert_int_equal(gguf_read(f, d, 4097), ERR_INVAL);  // past the end of the file
+    assert_int_equal(gguf_read(f, v.data, 1), ERR_INVAL);  // the header is not data
+    gguf_seal(f);
+    assert_int_equal(gguf_read(f, d, 1), ERR_INVAL);
+    assert_memory_equal(d + 100, bytes + at + 100, 50);  // still there, read-only
+    gguf_close(f);
+
+    // A file read whole: gguf_read is a no-op, and everything was read.
+    assert_int_equal(gguf_open(path, &f), 0);
+    assert_int_equal(gguf_read(f, gguf_find_tensor(f, "b")->data, 4096), 0);
+    assert_int_equal(gguf_data_bytes_read(f), 65536 + 4096);
+    gguf_close(f);
+    unlink(path);
+    // Truncated files fail as gguf_open's do.
+    snprintf(path, sizeof(path), "%s", gguf_builder_write_temp(bytes, 70000));
+    assert_int_equal(gguf_open_sparse(path, &f), ERR_FORMAT);
+    assert_null(f);
+    unlink(path);
+    assert_int_equal(gguf_open_sparse(path, &f), ERR_IO);
+    free(big);
+    free(bytes);
+    gguf_builder_destroy(b);
+}
+
 /* Reads every kv and tensor of f through the accessors (for ASan's sake). */
 static void touch_everything(const struct gguf_file *f) {
     unsigned sum = 0;
@@ -742,6 +813,26 @@ static void test_gguf_parses_every_shared_file(void **state) {
             struct gguf_str arch;
             assert_int_equal(gguf_get_str(f, "general.architecture", &arch), 0);
             touch_everything(f);
+            // Read sparse, the header says the same: every key and tensor info.
+            struct gguf_file *g = NULL;
+            assert_int_equal(gguf_open_sparse(path, &g), 0);
+            assert_int_equal(gguf_n_kv(g), gguf_n_kv(f));
+            assert_int_equal(gguf_n_tensors(g), gguf_n_tensors(f));
+            for (int64_t k = 0; k < gguf_n_kv(f); k++) {
+                const struct gguf_kv *a = gguf_kv_at(f, k), *c = gguf_kv_at(g, k);
+                assert_int_equal(a->key.len, c->key.len);
+                assert_memory_equal(a->key.data, c->key.data, a->key.len);
+                assert_int_equal(a->type, c->type);
+                assert_int_equal(a->arr_n, c->arr_n);
+            }
+            for (int64_t k = 0; k < gguf_n_tensors(f); k++) {
+                const struct gguf_tensor_info *a = gguf_tensor_at(f, k), *c = gguf_tensor_at(g, k);
+                assert_int_equal(a->offset, c->offset);
+                assert_int_equal(a->nbytes, c->nbytes);
+                assert_int_equal(a->type, c->type);
+            }
+            assert_true(gguf_header_bytes_read(g) < gguf_header_bytes_read(f) * 2 + 65536);
+            gguf_close(g);
             gguf_close(f);
             n_files++;
         }
@@ -767,6 +858,7 @@ int main(void) {
         cmocka_unit_test(test_gguf_invalid_alignment_rejected),
         cmocka_unit_test(test_gguf_tensor_views_and_sizes),
         cmocka_unit_test(test_gguf_open_reads_a_file_on_disk),
+        cmocka_unit_test(test_gguf_open_sparse_reads_the_header_and_asked_ranges),
         cmocka_unit_test(test_gguf_parses_stories260k),
         cmocka_unit_test(test_gguf_parses_every_shared_file),
     };

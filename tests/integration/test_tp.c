@@ -120,6 +120,54 @@ static void test_pp_generate_synthetic_same_ids_as_one_process(void **state) {
     check_same_ids("qwen2-f32", "--pp", 2);
 }
 
+/* Each rank's "rank R of N read B bytes of tensor data" (model.c, at info)
+ * in the job's output, against scripts/shard-bytes, which works the slices
+ * out from the file and shard.h's description alone. */
+static void check_rank_reads(const char *model, const char *flag, int n_ranks) {
+    char cmd[8192], got[65536], want[4096];
+    snprintf(cmd, sizeof(cmd), "/usr/bin/python3 %s/scripts/shard-bytes %s %s %d",
+             testutil_source_dir(), model, flag, n_ranks);
+    assert_int_equal(run(cmd, want, sizeof(want)), 0);
+    snprintf(cmd, sizeof(cmd),
+             "%s -np %d %s generate -m %s --prompt-ids 1,2,3 -n 2 -t 1 %s %d --log-level info "
+             "2>&1 >/dev/null",
+             mpirun(), n_ranks, httptest_bin(), model, flag, n_ranks);
+    assert_int_equal(run(cmd, got, sizeof(got)), 0);
+    const char *w = want;
+    for (int r = 0; r < n_ranks; r++) {
+        int wr = -1;
+        long long wb = -1;
+        int used = 0;
+        assert_int_equal(sscanf(w, "%d %lld\n%n", &wr, &wb, &used), 2);
+        assert_int_equal(wr, r);
+        w += used;
+        char needle[128];
+        snprintf(needle, sizeof(needle), "rank %d of %d read ", r, n_ranks);
+        const char *line = strstr(got, needle);
+        if (!line) fail_msg("no line '%s' in:\n%s", needle, got);
+        long long gb = atoll(line + strlen(needle));
+        print_message("%s %s %d: rank %d read %lld bytes, shard-bytes %lld\n", model, flag,
+                      n_ranks, r, gb, wb);
+        assert_int_equal(gb, wb);
+    }
+}
+
+static void test_parallel_ranks_read_only_their_slices(void **state) {
+    (void)state;
+    check_rank_reads(httptest_model("llama-kv4-q8_0"), "--tp", 2);
+    check_rank_reads(httptest_model("llama-kv4-q8_0"), "--tp", 4);
+    check_rank_reads(httptest_model("llama-q8_0"), "--tp", 2);
+    check_rank_reads(httptest_model("qwen2-f32"), "--tp", 2);
+    check_rank_reads(httptest_model("llama-kv4-q8_0"), "--pp", 2);
+    const char *shared = testutil_shared_dir();
+    if (shared) {
+        char stories[4096];
+        snprintf(stories, sizeof(stories), "%s/models/stories260K.gguf", shared);
+        check_rank_reads(stories, "--tp", 4);
+        check_rank_reads(stories, "--pp", 2);
+    }
+}
+
 /* A job of another size than --tp, and a model --tp does not divide: exit 1
  * with a message that says what to do. */
 static void test_tp_generate_refuses_wrong_sizes(void **state) {
@@ -342,6 +390,7 @@ int main(void) {
         cmocka_unit_test(test_tp_generate_stories260k_prints_reference_ids),
         cmocka_unit_test(test_tp_generate_synthetic_same_ids_as_one_process),
         cmocka_unit_test(test_tp_generate_refuses_wrong_sizes),
+        cmocka_unit_test(test_parallel_ranks_read_only_their_slices),
         cmocka_unit_test(test_pp_generate_stories260k_prints_reference_ids),
         cmocka_unit_test(test_pp_generate_synthetic_same_ids_as_one_process),
         cmocka_unit_test(test_pp_serve_completion_matches_one_process),

@@ -1,6 +1,8 @@
 /*
- * test_file.c - whole-file mappings, file_read_all and its limit, and the
- * bounds-checked cursor. Files live in a fresh directory under $TMPDIR (or
+ * test_file.c - whole-file mappings, file_read_all and its limit, files read
+ * range by range (file_sparse: the bytes read equal the file's, the others
+ * are zero and not resident, by mincore), and the bounds-checked cursor,
+ * also filling itself from a sparse file. Files live in a fresh directory under $TMPDIR (or
  * /tmp), removed at the end.
  */
 #include <setjmp.h>
@@ -12,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "engine/base/err.h"
@@ -224,6 +227,124 @@ static void test_file_cursor_skip_and_bytes(void **state) {
     assert_int_equal(file_cursor_left(&c), 0);
 }
 
+/* byte i of the pattern files: never 0, so a byte read is told from one not read */
+static uint8_t pattern(size_t i) { return (uint8_t)(1 + i % 251); }
+
+static const char *pattern_file(struct tmp *t, const char *name, size_t n) {
+    uint8_t *b = malloc(n);
+    assert_non_null(b);
+    for (size_t i = 0; i < n; i++) b[i] = pattern(i);
+    tmp_file(t, name, b, n);
+    free(b);
+    return t->path;
+}
+
+/* Pages of [p, p + n) resident now (mincore). */
+static size_t resident_pages(const void *p, size_t n) {
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t np = (n + page - 1) / page;
+    unsigned char *v = malloc(np);
+    assert_non_null(v);
+    assert_int_equal(mincore((void *)p, n, v), 0);
+    size_t k = 0;
+    for (size_t i = 0; i < np; i++) k += v[i] & 1;
+    free(v);
+    return k;
+}
+
+/* Eight pages; [page + 10, + 2 pages) read: those bytes are the file's, every
+ * other is zero, and only the three pages the range touches are resident. */
+static void test_file_sparse_reads_only_its_ranges(void **state) {
+    struct tmp *t = *state;
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    const size_t n = 8 * page;
+    const char *path = pattern_file(t, "s.bin", n);
+    struct file_sparse s;
+    assert_int_equal(file_sparse_open(path, &s), 0);
+    assert_int_equal(s.map.size, n);
+    assert_int_equal(resident_pages(s.map.data, n), 0);
+    const size_t off = page + 10, len = 2 * page;
+    assert_int_equal(file_sparse_read(&s, off, len), 0);
+    assert_int_equal(s.n_read, len);
+    file_sparse_seal(&s);
+    assert_int_equal(resident_pages(s.map.data, n), 3);  // pages 1, 2 and 3
+    for (size_t i = page; i < 4 * page; i++) {
+        const uint8_t want = i >= off && i < off + len ? pattern(i) : 0;
+        if (s.map.data[i] != want) fail_msg("byte %zu: %u, want %u", i, s.map.data[i], want);
+    }
+    assert_int_equal(resident_pages(s.map.data, n), 3);  // reading zeros made none
+    // sealed: nothing more is read
+    assert_int_equal(file_sparse_read(&s, 0, 1), ERR_INVAL);
+    file_sparse_close(&s);
+    assert_null(s.map.data);
+    file_sparse_close(&s);  // twice is safe
+    unlink(path);
+}
+
+/* Ranges outside the file are ERR_INVAL; a file that shrank after it was
+ * opened is ERR_IO for bytes past its new end, and what was there reads. */
+static void test_file_sparse_refuses_bad_ranges(void **state) {
+    struct tmp *t = *state;
+    const char *path = pattern_file(t, "r.bin", 1000);
+    struct file_sparse s;
+    assert_int_equal(file_sparse_open(path, &s), 0);
+    assert_int_equal(file_sparse_read(&s, 1000, 0), 0);
+    assert_int_equal(file_sparse_read(&s, 1000, 1), ERR_INVAL);
+    assert_int_equal(file_sparse_read(&s, 999, 2), ERR_INVAL);
+    assert_int_equal(file_sparse_read(&s, SIZE_MAX, 2), ERR_INVAL);
+    assert_int_equal(file_sparse_read(&s, 1, SIZE_MAX), ERR_INVAL);
+    assert_int_equal(truncate(path, 500), 0);
+    assert_int_equal(file_sparse_read(&s, 400, 200), ERR_IO);
+    assert_int_equal(file_sparse_read(&s, 100, 400), 0);
+    assert_int_equal(s.map.data[100], pattern(100));
+    assert_int_equal(s.map.data[499], pattern(499));
+    file_sparse_close(&s);
+    unlink(path);
+    assert_int_equal(file_sparse_open(path, &s), ERR_IO);  // gone
+    assert_int_equal(file_sparse_open(t->dir, &s), ERR_FORMAT);  // a directory
+}
+
+/* A cursor over a sparse file of 200000 bytes reads in chunks of 64 KiB, then
+ * double what is there (by hand: 65536, then up to 131072, then the rest),
+ * so it reads the file once however it moves; values are the file's. */
+static void test_file_cursor_fills_from_a_sparse_file(void **state) {
+    struct tmp *t = *state;
+    const size_t n = 200000;
+    const char *path = pattern_file(t, "c.bin", n);
+    struct file_sparse s;
+    assert_int_equal(file_sparse_open(path, &s), 0);
+    struct file_cursor c;
+    file_cursor_init_sparse(&c, &s);
+    assert_int_equal(s.n_read, 0);
+    uint8_t b;
+    assert_int_equal(file_cursor_u8(&c, &b), 0);
+    assert_int_equal(b, pattern(0));
+    assert_int_equal(s.n_read, 65536);
+    assert_int_equal(file_cursor_skip(&c, 65535 - 1), 0);  // to 65535: still the first chunk
+    assert_int_equal(s.n_read, 65536);
+    uint16_t u;
+    assert_int_equal(file_cursor_u16(&c, &u), 0);  // bytes 65535, 65536: the second chunk
+    assert_int_equal(u, pattern(65535) | pattern(65536) << 8);
+    assert_int_equal(s.n_read, 131072);
+    const uint8_t *v;
+    assert_int_equal(file_cursor_bytes(&c, 100000, &v), 0);  // to 165537: the rest
+    assert_int_equal(v[0], pattern(65537));
+    assert_int_equal(v[99999], pattern(165536));
+    assert_int_equal(s.n_read, n);
+    assert_int_equal(file_cursor_skip(&c, n - c.pos + 1), ERR_FORMAT);
+    assert_int_equal(file_cursor_skip(&c, n - c.pos), 0);
+    assert_int_equal(s.n_read, n);
+    file_sparse_close(&s);
+    // a file that shrinks under the cursor: ERR_FORMAT, as a short region
+    path = pattern_file(t, "c.bin", n);
+    assert_int_equal(file_sparse_open(path, &s), 0);
+    file_cursor_init_sparse(&c, &s);
+    assert_int_equal(truncate(path, 1000), 0);
+    assert_int_equal(file_cursor_u8(&c, &b), ERR_FORMAT);
+    file_sparse_close(&s);
+    unlink(path);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_file_map_reads_a_file),
@@ -235,6 +356,9 @@ int main(void) {
         cmocka_unit_test(test_file_cursor_reads_little_endian_values),
         cmocka_unit_test(test_file_cursor_refuses_reads_past_the_end),
         cmocka_unit_test(test_file_cursor_skip_and_bytes),
+        cmocka_unit_test(test_file_sparse_reads_only_its_ranges),
+        cmocka_unit_test(test_file_sparse_refuses_bad_ranges),
+        cmocka_unit_test(test_file_cursor_fills_from_a_sparse_file),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
