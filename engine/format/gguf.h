@@ -1,8 +1,10 @@
 /*
  * gguf.h - reader of GGUF v2 and v3 files (the llama.cpp model format).
  *
- * The file is read whole into private read-only memory (file_map, never
- * mapped from the file); keys, strings and tensor data are views into those
+ * The file is read into private read-only memory (file_map, never mapped
+ * from the file): whole by gguf_open(), or the header only by
+ * gguf_open_sparse() with tensor data read range by range as a caller needs
+ * it (a rank of a parallel job); keys, strings and tensor data are views into those
  * bytes, valid until gguf_close(). Everything the file claims (counts,
  * lengths, offsets, sizes, types, alignment) is checked against the file size,
  * overflow included, before it is used: a truncated, corrupt or unsupported

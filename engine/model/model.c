@@ -402,7 +402,7 @@ static int load_tensors(struct loader *ld) {
 
 /* Gives back the pages wholly inside [p, p + n): they were copied into
  * panels and are never read again. The file's bytes are private anonymous
- * memory (file_map), so a dropped page would read back as zeros: the caller
+ * memory (file_sparse), so a dropped page would read back as zeros: the caller
  * keeps the pages of a tensor that is still read (the token embedding of a
  * tied output, whose rows the embedding lookup reads). */
 static void drop_pages(const void *p, size_t n) {
@@ -546,7 +546,7 @@ static int pack_panels(struct loader *ld) {
     m->panels = p;
     m->panels_bytes = bytes;
     // Packing reads every weight once (from the file's bytes in memory,
-    // file_map): that is the load's long part, so its progress is the bytes
+    // read_matrices): that is the load's long part, so its progress is the bytes
     // packed.
     size_t in_bytes = 0;
     for (int64_t i = 0; i < n_packed; i++) {

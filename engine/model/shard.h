@@ -1,8 +1,9 @@
 /*
  * shard.h - one rank's slice of a model for tensor parallelism (TP): the
  * heads, kv heads and FFN columns this rank computes, and the cutting of the
- * bound weight tensors down to them, in place, as views into the mapped file
- * (nothing is copied: the panels packed afterwards read only the slices).
+ * bound weight tensors down to them, in place, as views into the file's
+ * bytes in memory (nothing is copied; the loader then reads only the slices
+ * from the file, and the panels packed afterwards read only those).
  *
  * With TP ranks, rank r owns kv heads [r, r + 1) * n_head_kv / TP, the query
  * heads that share them (n_head / TP: the GQA groups stay whole), and a
@@ -89,7 +90,7 @@ int shard_plan(const char *path, int32_t rank, int32_t size, int32_t n_head, int
 int shard_check_layer(const char *path, const struct shard *sh, int32_t head_dim,
                       const struct shard_layer *l);
 
-/* Cuts l's tensors and biases to sh, in place, as views into the mapped file
+/* Cuts l's tensors and biases to sh, in place, as views into the file's bytes
  * (checked by shard_check_layer first). Nothing is allocated. */
 void shard_cut_layer(const struct shard *sh, int32_t head_dim, const struct shard_layer *l);
 
