@@ -6,6 +6,7 @@
 #define LOG_TAG "engine"
 #include "engine/engine.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -272,11 +273,23 @@ int64_t engine_peak_rss_bytes(void) {
     return (int64_t)ru.ru_maxrss * 1024;  // kilobytes on Linux
 }
 
+int64_t engine_rss_bytes(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f) return 0;
+    long long size = 0, resident = 0;
+    int n = fscanf(f, "%lld %lld", &size, &resident);
+    fclose(f);
+    return n == 2 ? (int64_t)resident * sysconf(_SC_PAGESIZE) : 0;
+}
+
 static struct engine_rank_stats own_stats(const struct engine_ctx *ctx) {
-    return (struct engine_rank_stats){.peak_rss_bytes = engine_peak_rss_bytes(),
-                                      .forward_ns = ctx->forward_ns,
-                                      .n_steps = ctx->n_steps,
-                                      .comm_bytes = (int64_t)comm_bytes_sent(ctx->comm)};
+    return (struct engine_rank_stats){
+        .peak_rss_bytes = engine_peak_rss_bytes(),
+        .forward_ns = ctx->forward_ns,
+        .n_steps = ctx->n_steps,
+        .comm_bytes = (int64_t)comm_bytes_sent(ctx->comm),
+        .rss_bytes = engine_rss_bytes(),
+        .model_read_bytes = (int64_t)ctx->model->info.file_bytes_read};
 }
 
 /* forward_run, timed; then, when rank 0 asked for it, every rank's figures

@@ -214,10 +214,16 @@ struct engine_rank_stats {
     int64_t n_steps;         // forward passes (steps) since then: forward_ns / n_steps is
                              //   the mean step time of this rank
     int64_t comm_bytes;      // bytes handed to collectives (comm_bytes_sent)
+    int64_t rss_bytes;       // resident memory of the process now (/proc/self/statm)
+    int64_t model_read_bytes;  // tensor data the rank read from the model file (its slices)
 };
 
 /* Peak resident memory of this process in bytes (getrusage). [any thread] */
 int64_t engine_peak_rss_bytes(void);
+
+/* Resident memory of this process now, in bytes (/proc/self/statm; 0 where
+ * it cannot be read). [any thread] */
+int64_t engine_rss_bytes(void);
 
 /* Every rank's figures, rank 0 first, into out[0 .. min(n, max)); returns n,
  * the number of ranks. The other ranks' figures are those of their last

@@ -25,7 +25,14 @@ static void histogram(struct buf *out, const char *name, const char *help,
 }
 
 /* One value of every rank's figures (engine_rank_stats), by field. */
-enum rank_field { RANK_RSS, RANK_FORWARD_S, RANK_STEPS, RANK_COMM_BYTES };
+enum rank_field {
+    RANK_RSS,
+    RANK_FORWARD_S,
+    RANK_STEPS,
+    RANK_COMM_BYTES,
+    RANK_RSS_NOW,
+    RANK_MODEL_READ,
+};
 
 static double rank_value(const struct engine_rank_stats *r, enum rank_field f) {
     switch (f) {
@@ -37,6 +44,10 @@ static double rank_value(const struct engine_rank_stats *r, enum rank_field f) {
             return (double)r->n_steps;
         case RANK_COMM_BYTES:
             return (double)r->comm_bytes;
+        case RANK_RSS_NOW:
+            return (double)r->rss_bytes;
+        case RANK_MODEL_READ:
+            return (double)r->model_read_bytes;
     }
     return 0.0;
 }
@@ -55,6 +66,9 @@ static void rank_metrics(struct buf *out, const struct scheduler_stats *st) {
          RANK_STEPS},
         {"llmserve_rank_comm_bytes_total", "counter",
          "Payload bytes each rank handed to MPI collectives.", RANK_COMM_BYTES},
+        {"llmserve_rank_rss_bytes", "gauge", "Resident memory of each rank now.", RANK_RSS_NOW},
+        {"llmserve_rank_model_read_bytes", "gauge",
+         "Tensor data each rank read from the model file (its slices).", RANK_MODEL_READ},
     };
     metric(out, "llmserve_ranks", "gauge", "Tensor-parallel ranks of the job.", st->n_ranks);
     const int32_t n_ranks = st->n_ranks < STATS_MAX_RANKS ? st->n_ranks : STATS_MAX_RANKS;

@@ -73,6 +73,9 @@ static enum route_result handle_health(const struct routes_ctx *ctx, struct req 
                                     json_real((double)st.ranks[i].forward_ns / 1e9));
                 json_object_set_new(rk, "steps", json_integer(st.ranks[i].n_steps));
                 json_object_set_new(rk, "comm_bytes", json_integer(st.ranks[i].comm_bytes));
+                json_object_set_new(rk, "rss_bytes", json_integer(st.ranks[i].rss_bytes));
+                json_object_set_new(rk, "model_read_bytes",
+                                    json_integer(st.ranks[i].model_read_bytes));
                 json_array_append_new(ranks, rk);
             }
             json_object_set_new(o, "n_ranks", json_integer(st.n_ranks));

@@ -229,7 +229,7 @@ static void test_tp_serve_completion_matches_one_process(void **state) {
     // Oracles by hand: steps = 1 prefill + 29 decodes (the first token comes from the
     // prefill) + 1 prefill; rank 1 hands 2 allreduces x 5 layers x 64 floats x 4 bytes per
     // forward token to the collectives (stories260K: ../shared/models/README.md), plus a
-    // few ints of agreement and its 32-byte reports.
+    // few ints of agreement and its 48-byte reports.
     const double steps = 1 + 29 + 1;
     const double tokens = (double)p1 + 29 + (double)p2;
     const double allreduce_bytes = 2.0 * 5 * 64 * 4 * tokens;
@@ -266,6 +266,16 @@ static void test_tp_serve_completion_matches_one_process(void **state) {
     assert_non_null(rank1);
     assert_true(httptest_json_int(rank1, "steps", -1) == (long long)steps);
     assert_true(httptest_json_int(rank1, "comm_bytes", -1) == (long long)comm1);
+    // what rank 1 read from the file: scripts/shard-bytes' figure for it
+    char cmd[8192], want[256];
+    snprintf(cmd, sizeof(cmd), "/usr/bin/python3 %s/scripts/shard-bytes %s --tp 2 | sed -n 2p",
+             testutil_source_dir(), model);
+    assert_int_equal(run(cmd, want, sizeof(want)), 0);
+    long long want1 = -1;
+    assert_int_equal(sscanf(want, "1 %lld", &want1), 1);
+    assert_true(httptest_json_int(rank1, "model_read_bytes", -1) == want1);
+    const long long rss1 = httptest_json_int(rank1, "rss_bytes", -1);
+    assert_true(rss1 > 1000000 && rss1 <= httptest_json_int(rank1, "peak_rss_bytes", -1));
     httptest_resp_free(&r);
     httptest_stop(&s, SIGTERM);
 }
