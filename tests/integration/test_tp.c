@@ -275,7 +275,11 @@ static void test_tp_serve_completion_matches_one_process(void **state) {
     assert_int_equal(sscanf(want, "1 %lld", &want1), 1);
     assert_true(httptest_json_int(rank1, "model_read_bytes", -1) == want1);
     const long long rss1 = httptest_json_int(rank1, "rss_bytes", -1);
-    assert_true(rss1 > 1000000 && rss1 <= httptest_json_int(rank1, "peak_rss_bytes", -1));
+    // a process, at least 1 MiB (not compared with the peak: the kernel updates
+    // getrusage's high-water mark lazily, so it can trail the current figure)
+    print_message("rank 1: rss %lld, peak %lld bytes\n", rss1,
+                  httptest_json_int(rank1, "peak_rss_bytes", -1));
+    assert_true(rss1 > 1000000);
     httptest_resp_free(&r);
     httptest_stop(&s, SIGTERM);
 }
