@@ -158,9 +158,8 @@ int config_validate(const struct config *c, char *msg, size_t msg_size) {
                  "--pp > 1 are not supported yet");
         return ERR_INVAL;
     }
-    if (c->tp > 1 && c->pp > 1) {
-        snprintf(msg, msg_size, "--tp %d with --pp %d: tensor and pipeline parallelism "
-                 "together are not supported yet (use one of them)", (int)c->tp, (int)c->pp);
+    if ((int64_t)c->tp * c->pp > 1024) {
+        snprintf(msg, msg_size, "--tp %d x --pp %d is over 1024 ranks", (int)c->tp, (int)c->pp);
         return ERR_INVAL;
     }
     if (c->max_loras == 0 && (c->n_loras > 0 || c->allow_runtime_lora)) {

@@ -44,6 +44,7 @@ size_t engine_kv_block_bytes(const struct engine_model *m, int32_t block_size,
 void engine_ctx_free(struct engine_ctx *ctx) {
     if (!ctx) return;
     if (ctx->is_parallel && comm_rank(ctx->comm) == 0) step_desc_send_stop(ctx->comm);
+    if (ctx->tp_group != ctx->comm) comm_close(ctx->tp_group);  // a split: ours
     step_desc_deinit(&ctx->desc);
     free(ctx->ranks);
     threadpool_free(ctx->pool);
@@ -217,6 +218,13 @@ int engine_ctx_create(const struct engine_model *m, const struct engine_ctx_para
     // Under tensor parallelism a ctx that failed on one rank fails on all, so no rank is
     // left waiting for steps that never come.
     err = comm_agree(prm.comm, err);
+    // The allreduces of tensor parallelism run among one stage's TP ranks: the whole job
+    // at PP 1, the stage's own group under TP x PP (job rank = stage * TP + TP rank).
+    const struct shard *sh = &m->shard;
+    if (!err && sh->size > 1) {
+        if (sh->n_stages == 1) ctx->tp_group = prm.comm;
+        else err = comm_split(prm.comm, sh->stage, sh->rank, &ctx->tp_group);
+    }
     if (err) {
         engine_ctx_free(ctx);
         return err;

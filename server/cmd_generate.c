@@ -86,8 +86,8 @@ static void generate_usage(FILE *fp) {
             "  -t, --threads N           kernel threads (default: all cores)\n"
             "      --tp N                split the model over N ranks of mpirun -np N (default 1;\n"
             "                            docs/parallelism.md)\n"
-            "      --pp N                split the layers into N stages, one per rank of\n"
-            "                            mpirun -np N (default 1; not with --tp yet)\n"
+            "      --pp N                split the layers into N stages (default 1): mpirun\n"
+            "                            -np N, or -np T x N with --tp T\n"
             "  -b, --batch N             prefill chunk in tokens (default 512)\n"
             "  -c, --ctx N               most tokens, prompt + generated (default: the model's\n"
             "                            context_length); more is an error\n"
@@ -609,9 +609,8 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "generate: --lora under --tp > 1 or --pp > 1 is not supported yet\n");
         return 2;
     }
-    if (o.tp > 1 && o.pp > 1) {
-        fprintf(stderr, "generate: --tp with --pp (tensor and pipeline parallelism together) "
-                "is not supported yet\n");
+    if ((int64_t)o.tp * o.pp > 1024) {
+        fprintf(stderr, "generate: --tp %d x --pp %d is over 1024 ranks\n", (int)o.tp, (int)o.pp);
         return 2;
     }
 

@@ -35,7 +35,16 @@ struct comm;
  * with n_ranks 1 there is no reason to call it (use NULL). */
 int comm_open(int32_t n_ranks, struct comm **out);
 
-/* Finalizes MPI; NULL-safe. Every rank must reach it (after the last
+/* *out: the ranks of c that pass the same color, a communicator of its own
+ * (ranks numbered by key, then by their rank in c), for collectives among a
+ * subset (the TP ranks of one pipeline stage). Collective over c: every rank
+ * of c calls it, in the same order. Returns 0 or ERR_NOMEM. Bytes sent
+ * through *out are also counted in c's comm_bytes_sent. c must outlive *out;
+ * free *out with comm_close before c. A NULL c gives NULL (one process). */
+int comm_split(struct comm *c, int32_t color, int32_t key, struct comm **out);
+
+/* Finalizes MPI (a split comm: frees it, collective over its parent);
+ * NULL-safe. Every rank must reach it (after the last
  * collective), or the others wait in theirs: on a failure call comm_abort. */
 void comm_close(struct comm *c);
 

@@ -1,6 +1,7 @@
 /*
  * comm_mpi.c - the MPI backend of comm.h, over MPI_COMM_WORLD, written
- * against the standard API only (Open MPI and MPICH both build it). The only
+ * against the standard API only (Open MPI and MPICH both build it), and over
+ * the groups comm_split makes of it (MPI_Comm_split). The only
  * file of the tree that includes mpi.h.
  *
  * NOTE: MPI_THREAD_SERIALIZED, not FUNNELED: the process's main thread opens
@@ -27,11 +28,20 @@
 #include "engine/base/log.h"
 
 struct comm {
-    int32_t rank;
-    int32_t size;
+    MPI_Comm mc;             // MPI_COMM_WORLD, or a split of it (comm_split)
+    int32_t rank;            // in mc
+    int32_t size;            // of mc
     uint64_t bytes_sent;     // payload bytes handed to collectives
+    uint64_t *parent_bytes;  // a split comm: its parent's bytes_sent, counted too (else NULL)
     bool is_finalize_owned;  // we called MPI_Init_thread, so we call MPI_Finalize
+    bool is_split;           // mc is ours to free (MPI_Comm_free)
 };
+
+/* Counts n payload bytes sent on c and on the comm it was split from. */
+static void count_sent(struct comm *c, uint64_t n) {
+    c->bytes_sent += n;
+    if (c->parent_bytes) *c->parent_bytes += n;
+}
 
 int comm_open(int32_t n_ranks, struct comm **out) {
     *out = NULL;
@@ -61,6 +71,7 @@ int comm_open(int32_t n_ranks, struct comm **out) {
     int size = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
+    c->mc = MPI_COMM_WORLD;
     c->rank = rank;
     c->size = size;
     if (size != n_ranks) {
@@ -76,8 +87,35 @@ int comm_open(int32_t n_ranks, struct comm **out) {
     return 0;
 }
 
+int comm_split(struct comm *c, int32_t color, int32_t key, struct comm **out) {
+    *out = NULL;
+    if (!c) return 0;
+    ASSERT(color >= 0 && key >= 0);
+    struct comm *s = calloc(1, sizeof(*s));
+    // Every rank must reach MPI_Comm_split, so a rank short of memory still takes part
+    // (and frees its group at once); comm_agree then fails the split on every rank.
+    MPI_Comm mc = MPI_COMM_NULL;
+    MPI_Comm_split(c->mc, color, key, &mc);
+    const int err = comm_agree(c, s ? 0 : ERR_NOMEM);
+    if (err) {
+        MPI_Comm_free(&mc);
+        free(s);
+        return err;
+    }
+    int rank = 0;
+    int size = 1;
+    MPI_Comm_rank(mc, &rank);
+    MPI_Comm_size(mc, &size);
+    MPI_Comm_set_errhandler(mc, MPI_ERRORS_ARE_FATAL);
+    *s = (struct comm){.mc = mc, .rank = rank, .size = size, .parent_bytes = &c->bytes_sent,
+                       .is_split = true};
+    *out = s;
+    return 0;
+}
+
 void comm_close(struct comm *c) {
     if (!c) return;
+    if (c->is_split) MPI_Comm_free(&c->mc);
     if (c->is_finalize_owned) MPI_Finalize();
     free(c);
 }
@@ -86,7 +124,7 @@ noreturn void comm_abort(struct comm *c, int code, const char *reason) {
     LOG_ERROR("rank %d/%d: %s; aborting the job", comm_rank(c), comm_size(c), reason);
     int is_init = 0;
     MPI_Initialized(&is_init);
-    if (c && is_init) MPI_Abort(MPI_COMM_WORLD, code);
+    if (c && is_init) MPI_Abort(MPI_COMM_WORLD, code);  // the whole job, even from a split
     exit(code);  // MPI_Abort does not return; this keeps the noreturn promise
 }
 
@@ -104,11 +142,11 @@ static void bcast_slices(struct comm *c, void *p, size_t bytes, bool is_idle) {
     while (bytes > 0) {
         const int n = bytes > (size_t)INT_MAX ? INT_MAX : (int)bytes;
         if (!is_idle) {
-            MPI_Bcast(cur, n, MPI_BYTE, 0, MPI_COMM_WORLD);
+            MPI_Bcast(cur, n, MPI_BYTE, 0, c->mc);
         } else {
             // Non-blocking broadcast, tested with sleeps from 10 us up to 1 ms between tests.
             MPI_Request req;
-            MPI_Ibcast(cur, n, MPI_BYTE, 0, MPI_COMM_WORLD, &req);
+            MPI_Ibcast(cur, n, MPI_BYTE, 0, c->mc, &req);
             int is_done = 0;
             long sleep_ns = 10000;
             for (;;) {
@@ -119,7 +157,7 @@ static void bcast_slices(struct comm *c, void *p, size_t bytes, bool is_idle) {
                 if (sleep_ns < 1000000) sleep_ns *= 2;
             }
         }
-        if (c->rank == 0) c->bytes_sent += (uint64_t)n * (uint64_t)(c->size - 1);
+        if (c->rank == 0) count_sent(c, (uint64_t)n * (uint64_t)(c->size - 1));
         cur += n;
         bytes -= (size_t)n;
     }
@@ -140,8 +178,8 @@ void comm_allreduce_sum(struct comm *c, float *x, int64_t n) {
     DASSERT(n >= 0);
     while (n > 0) {
         const int k = n > INT_MAX ? INT_MAX : (int)n;
-        MPI_Allreduce(MPI_IN_PLACE, x, k, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-        c->bytes_sent += (uint64_t)k * sizeof(float);
+        MPI_Allreduce(MPI_IN_PLACE, x, k, MPI_FLOAT, MPI_SUM, c->mc);
+        count_sent(c, (uint64_t)k * sizeof(float));
         x += k;
         n -= k;
     }
@@ -151,8 +189,8 @@ void comm_send(struct comm *c, int32_t to, const float *x, int64_t n) {
     ASSERT(c && c->size > 1 && to >= 0 && to < c->size && to != c->rank && n >= 0);
     while (n > 0) {
         const int k = n > INT_MAX ? INT_MAX : (int)n;
-        MPI_Send(x, k, MPI_FLOAT, to, 0, MPI_COMM_WORLD);
-        c->bytes_sent += (uint64_t)k * sizeof(float);
+        MPI_Send(x, k, MPI_FLOAT, to, 0, c->mc);
+        count_sent(c, (uint64_t)k * sizeof(float));
         x += k;
         n -= k;
     }
@@ -162,7 +200,7 @@ void comm_recv(struct comm *c, int32_t from, float *x, int64_t n) {
     ASSERT(c && c->size > 1 && from >= 0 && from < c->size && from != c->rank && n >= 0);
     while (n > 0) {
         const int k = n > INT_MAX ? INT_MAX : (int)n;
-        MPI_Recv(x, k, MPI_FLOAT, from, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        MPI_Recv(x, k, MPI_FLOAT, from, 0, c->mc, MPI_STATUS_IGNORE);
         x += k;
         n -= k;
     }
@@ -174,15 +212,15 @@ void comm_gather(struct comm *c, const void *mine, size_t bytes, void *all) {
         return;
     }
     ASSERT(bytes <= (size_t)INT_MAX);
-    MPI_Gather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD);
-    if (c->rank != 0) c->bytes_sent += bytes;
+    MPI_Gather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, 0, c->mc);
+    if (c->rank != 0) count_sent(c, bytes);
 }
 
 int comm_agree(struct comm *c, int err) {
     if (!c || c->size == 1) return err;
     int all = err;
-    MPI_Allreduce(&err, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    c->bytes_sent += sizeof(int);
+    MPI_Allreduce(&err, &all, 1, MPI_INT, MPI_MIN, c->mc);
+    count_sent(c, sizeof(int));
     return all < 0 ? all : 0;
 }
 

@@ -25,7 +25,9 @@ struct engine_ctx {
     struct threadpool *pool;           // owned
     struct kern_scratch kscratch;      // owned: f16/bf16 conversion tiles
     struct kv_store kv;                // owned: the KV block pool (this rank's kv heads)
-    struct comm *comm;                 // borrowed (params.comm): NULL or the TP job's ranks
+    struct comm *comm;                 // borrowed (params.comm): NULL or the job's ranks
+    struct comm *tp_group;             // the allreduces' ranks, this stage's TP ranks: NULL at
+                                       //   TP 1, comm at PP 1, else a split of comm (owned)
     struct step_desc desc;             // owned: the step descriptor's buffers (TP only)
     bool is_parallel;                  // a job of several ranks (TP or PP), the ctx created
                                        //   on every rank: rank 0 sends STOP when freed

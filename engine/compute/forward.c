@@ -18,7 +18,9 @@
  * embeds the tokens, every later stage receives the residual stream [T][E]
  * from the one before, and the last sends it back to stage 0 (rank 0), which
  * computes the logits. The KV pool of a stage holds its layers only, indexed
- * from its first layer. No micro-batches yet: the stages take turns.
+ * from its first layer. No micro-batches yet: the stages take turns. Under
+ * TP x PP each TP rank of a stage sends to the same TP rank of the next, and
+ * the allreduces run among a stage's TP ranks only (ctx->tp_group).
  */
 #include <math.h>
 #include <string.h>
@@ -99,7 +101,7 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
     struct threadpool *pool = ctx->pool;
     struct kern_scratch *ks = &ctx->kscratch;
     const struct shard *sh = &m->shard;
-    struct comm *tp = sh->size > 1 ? ctx->comm : NULL;  // the allreduces' ranks
+    struct comm *tp = ctx->tp_group;  // the allreduces' ranks: this stage's TP ranks
     const int64_t n_x = (int64_t)T * n_embd;
 
     // Token embeddings: x[t] = token_embd[token[t]]; a later stage receives x instead  [T][E]

@@ -679,9 +679,8 @@ int engine_model_load(const struct engine_model_params *p, struct engine_model *
     atomic_init(m->next_adapter_id, 1);
     int err = ERR_INVAL;
     if (p->tp_size < 1 || p->tp_rank < 0 || p->tp_rank >= p->tp_size || p->pp_size < 1 ||
-        p->pp_rank < 0 || p->pp_rank >= p->pp_size || (p->tp_size > 1 && p->pp_size > 1)) {
-        LOG_ERROR("%s: tensor-parallel rank %d of %d, pipeline stage %d of %d is not a rank "
-                  "(and TP x PP is not supported yet)",
+        p->pp_rank < 0 || p->pp_rank >= p->pp_size) {
+        LOG_ERROR("%s: tensor-parallel rank %d of %d, pipeline stage %d of %d is not a rank",
                   p->path, p->tp_rank, p->tp_size, p->pp_rank, p->pp_size);
         goto fail;
     }

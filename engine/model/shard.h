@@ -27,7 +27,8 @@
  * [n_layer * p / PP, n_layer * (p + 1) / PP) and packs only those (its KV
  * pool has only those layers too); stage 0 also the embedding's use and the
  * classifier. The job's ranks are stages times TP ranks, stage-major (job
- * rank = stage * TP + TP rank); today either TP or PP is 1.
+ * rank = stage * TP + TP rank); under TP x PP each stage has TP ranks, and
+ * the allreduces run among them alone.
  */
 #ifndef LLMSERVE_SHARD_H
 #define LLMSERVE_SHARD_H

@@ -112,6 +112,16 @@ static void test_config_cross_field_rules(void **state) {
     char *a5[] = {"serve", "-m", "x", "--lora-dir", "/srv/loras", NULL};  // harmless alone
     assert_int_equal(load(&c, msg, 5, a5), 0);
     config_deinit(&c);
+    // TP x PP: both together are a job of tp * pp ranks, up to 1024 of them.
+    char *a6[] = {"serve", "-m", "x", "--tp", "2", "--pp", "2", NULL};
+    assert_int_equal(load(&c, msg, 7, a6), 0);
+    assert_int_equal(c.tp, 2);
+    assert_int_equal(c.pp, 2);
+    config_deinit(&c);
+    char *a7[] = {"serve", "-m", "x", "--tp", "64", "--pp", "32", NULL};  // 2048 ranks
+    assert_int_equal(load(&c, msg, 7, a7), ERR_INVAL);
+    assert_non_null(strstr(msg, "over 1024 ranks"));
+    config_deinit(&c);
 }
 
 static void test_config_help_sets_show_help(void **state) {

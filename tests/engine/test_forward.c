@@ -15,6 +15,8 @@
  * before each model load, ctx creation and model free it tells the other
  * ranks which to do (a job, broadcast), so they follow it step by step.
  * Models whose kv heads N does not divide are skipped, saying so.
+ * `--pp M` splits the layers into M pipeline stages as well (the job has
+ * TP x PP ranks, stage-major): meson runs --pp 2 and --tp 2 --pp 2.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -40,8 +42,11 @@ struct job {
     char name[60];  // JOB_LOAD: the model
 };
 
-// The job's ranks: NULL at --tp 1 (no MPI at all). Set once in main.
+// The job's ranks: NULL at --tp 1 --pp 1 (no MPI at all). Set once in main, with
+// the TP ranks per stage and the stages.
 static struct comm *tp_comm;
+static int32_t n_tp = 1;
+static int32_t n_pp = 1;
 // The ctx a test has open, freed by the teardown when an assertion fails in
 // the middle, so that the other ranks return from engine_follow() and the job
 // fails instead of hanging.
@@ -66,8 +71,10 @@ static int load_model(const char *name, struct engine_model **out) {
     snprintf(path, sizeof(path), "%s/tests/models/%s.gguf", testutil_build_dir(), name);
     struct engine_model_params mp = engine_model_default_params();
     mp.path = path;
-    mp.tp_rank = comm_rank(tp_comm);
-    mp.tp_size = comm_size(tp_comm);
+    mp.tp_rank = comm_rank(tp_comm) % n_tp;
+    mp.tp_size = n_tp;
+    mp.pp_rank = comm_rank(tp_comm) / n_tp;
+    mp.pp_size = n_pp;
     return comm_agree(tp_comm, engine_model_load(&mp, out));
 }
 
@@ -350,7 +357,7 @@ static void test_forward_llama_kv4_f32(void **state) {
  * refuses the split with ERR_UNSUPPORTED (the log names the tensor). */
 static void test_forward_tp_refuses_split_inside_a_block(void **state) {
     (void)state;
-    if (!tp_comm) skip();
+    if (n_tp == 1) skip();  // stages alone never cut a matrix
     tp_send(JOB_LOAD, "llama256-q4_k_m");
     struct engine_model *m = NULL;
     assert_int_equal(load_model("llama256-q4_k_m", &m), ERR_UNSUPPORTED);
@@ -472,7 +479,12 @@ static int follow(void) {
 int main(int argc, char **argv) {
     kern_dispatch_init(false);
     kern_blas_init();
-    int32_t n_ranks = argc == 3 && strcmp(argv[1], "--tp") == 0 ? atoi(argv[2]) : 1;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--tp") == 0) n_tp = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--pp") == 0) n_pp = atoi(argv[i + 1]);
+    }
+    if (n_tp < 1 || n_pp < 1) return 2;
+    const int32_t n_ranks = n_tp * n_pp;
     if (n_ranks > 1 && comm_open(n_ranks, &tp_comm) != 0) return 1;
     if (comm_rank(tp_comm) > 0) {
         const int rc = follow();

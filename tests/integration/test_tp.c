@@ -86,8 +86,8 @@ static void test_pp_generate_stories260k_prints_reference_ids(void **state) {
 
 /* Synthetic models: the same greedy ids as one process, for 24 tokens past a
  * 9-token prompt (prefill and decode both sharded). */
-/* flag: --tp or --pp. */
-static void check_same_ids(const char *name, const char *flag, int n_ranks) {
+/* flags: the split ("--tp 2", "--tp 2 --pp 2"), over n_ranks ranks. */
+static void check_same_ids(const char *name, const char *flags, int n_ranks) {
     const char *model = httptest_model(name);
     char cmd[8192], one[4096], split[4096];
     snprintf(cmd, sizeof(cmd),
@@ -97,41 +97,63 @@ static void check_same_ids(const char *name, const char *flag, int n_ranks) {
     assert_int_equal(run(cmd, one, sizeof(one)), 0);
     snprintf(cmd, sizeof(cmd),
              "%s -np %d %s generate -m %s --prompt-ids 5,17,3,250,9,88,1,42,7 "
-             "-n 24 --ignore-eos -t 1 %s %d",
-             mpirun(), n_ranks, httptest_bin(), model, flag, n_ranks);
+             "-n 24 --ignore-eos -t 1 %s",
+             mpirun(), n_ranks, httptest_bin(), model, flags);
     assert_int_equal(run(cmd, split, sizeof(split)), 0);
-    print_message("%s %s %d: %s", name, flag, n_ranks, split);
+    print_message("%s %s: %s", name, flags, split);
     assert_string_equal(split, one);
 }
 
 static void test_tp_generate_synthetic_same_ids_as_one_process(void **state) {
     (void)state;
-    check_same_ids("llama-kv4-q8_0", "--tp", 2);
-    check_same_ids("llama-kv4-q8_0", "--tp", 4);
-    check_same_ids("llama-kv4-f32", "--tp", 4);
-    check_same_ids("qwen2-f32", "--tp", 2);
+    check_same_ids("llama-kv4-q8_0", "--tp 2", 2);
+    check_same_ids("llama-kv4-q8_0", "--tp 4", 4);
+    check_same_ids("llama-kv4-f32", "--tp 4", 4);
+    check_same_ids("qwen2-f32", "--tp 2", 2);
 }
 
 /* Two stages of one layer each (the synthetic models have 2 layers). */
 static void test_pp_generate_synthetic_same_ids_as_one_process(void **state) {
     (void)state;
-    check_same_ids("llama-kv4-q8_0", "--pp", 2);
-    check_same_ids("llama-f32", "--pp", 2);
-    check_same_ids("qwen2-f32", "--pp", 2);
+    check_same_ids("llama-kv4-q8_0", "--pp 2", 2);
+    check_same_ids("llama-f32", "--pp 2", 2);
+    check_same_ids("qwen2-f32", "--pp 2", 2);
+}
+
+/* TP x PP: two stages of two TP ranks each (job ranks 0-1 stage 0, 2-3 stage 1). */
+static void test_tpxpp_generate_synthetic_same_ids_as_one_process(void **state) {
+    (void)state;
+    check_same_ids("llama-kv4-q8_0", "--tp 2 --pp 2", 4);
+    check_same_ids("llama-kv4-f32", "--tp 2 --pp 2", 4);
+    check_same_ids("qwen2-f32", "--tp 2 --pp 2", 4);
+}
+
+/* stories260K at TP 2 x PP 2 (layers 2 + 3, 2 kv heads per rank): the README ids. */
+static void test_tpxpp_generate_stories260k_prints_reference_ids(void **state) {
+    (void)state;
+    const char *model = stories_or_skip();
+    char cmd[8192], out[4096];
+    snprintf(cmd, sizeof(cmd),
+             "%s -np 4 %s generate -m %s --prompt-ids 1 -n 31 -t 1 --tp 2 --pp 2", mpirun(),
+             httptest_bin(), model);
+    assert_int_equal(run(cmd, out, sizeof(out)), 0);
+    assert_string_equal(out,
+                        "403 407 261 378 432 383 286 261 376 298 315 421 395 317 426 338 401 "
+                        "396 267 337 410 408 419 292 411 322 265 282 295 433 426\n");
 }
 
 /* Each rank's "rank R of N read B bytes of tensor data" (model.c, at info)
  * in the job's output, against scripts/shard-bytes, which works the slices
  * out from the file and shard.h's description alone. */
-static void check_rank_reads(const char *model, const char *flag, int n_ranks) {
+static void check_rank_reads(const char *model, const char *flags, int n_ranks) {
     char cmd[8192], got[65536], want[4096];
-    snprintf(cmd, sizeof(cmd), "/usr/bin/python3 %s/scripts/shard-bytes %s %s %d",
-             testutil_source_dir(), model, flag, n_ranks);
+    snprintf(cmd, sizeof(cmd), "/usr/bin/python3 %s/scripts/shard-bytes %s %s",
+             testutil_source_dir(), model, flags);
     assert_int_equal(run(cmd, want, sizeof(want)), 0);
     snprintf(cmd, sizeof(cmd),
-             "%s -np %d %s generate -m %s --prompt-ids 1,2,3 -n 2 -t 1 %s %d --log-level info "
+             "%s -np %d %s generate -m %s --prompt-ids 1,2,3 -n 2 -t 1 %s --log-level info "
              "2>&1 >/dev/null",
-             mpirun(), n_ranks, httptest_bin(), model, flag, n_ranks);
+             mpirun(), n_ranks, httptest_bin(), model, flags);
     assert_int_equal(run(cmd, got, sizeof(got)), 0);
     const char *w = want;
     for (int r = 0; r < n_ranks; r++) {
@@ -146,25 +168,25 @@ static void check_rank_reads(const char *model, const char *flag, int n_ranks) {
         const char *line = strstr(got, needle);
         if (!line) fail_msg("no line '%s' in:\n%s", needle, got);
         long long gb = atoll(line + strlen(needle));
-        print_message("%s %s %d: rank %d read %lld bytes, shard-bytes %lld\n", model, flag,
-                      n_ranks, r, gb, wb);
+        print_message("%s %s: rank %d read %lld bytes, shard-bytes %lld\n", model, flags, r,
+                      gb, wb);
         assert_int_equal(gb, wb);
     }
 }
 
 static void test_parallel_ranks_read_only_their_slices(void **state) {
     (void)state;
-    check_rank_reads(httptest_model("llama-kv4-q8_0"), "--tp", 2);
-    check_rank_reads(httptest_model("llama-kv4-q8_0"), "--tp", 4);
-    check_rank_reads(httptest_model("llama-q8_0"), "--tp", 2);
-    check_rank_reads(httptest_model("qwen2-f32"), "--tp", 2);
-    check_rank_reads(httptest_model("llama-kv4-q8_0"), "--pp", 2);
+    check_rank_reads(httptest_model("llama-kv4-q8_0"), "--tp 2", 2);
+    check_rank_reads(httptest_model("llama-kv4-q8_0"), "--tp 4", 4);
+    check_rank_reads(httptest_model("llama-q8_0"), "--tp 2", 2);
+    check_rank_reads(httptest_model("qwen2-f32"), "--tp 2", 2);
+    check_rank_reads(httptest_model("llama-kv4-q8_0"), "--pp 2", 2);
     const char *shared = testutil_shared_dir();
     if (shared) {
         char stories[4096];
         snprintf(stories, sizeof(stories), "%s/models/stories260K.gguf", shared);
-        check_rank_reads(stories, "--tp", 4);
-        check_rank_reads(stories, "--pp", 2);
+        check_rank_reads(stories, "--tp 4", 4);
+        check_rank_reads(stories, "--pp 2", 2);
     }
 }
 
@@ -313,6 +335,77 @@ static void test_pp_serve_completion_matches_one_process(void **state) {
     httptest_stop(&s, SIGTERM);
 }
 
+/* serve --tp 2 --pp 2: the README's greedy completion text, every rank
+ * reports, and each follower's bytes handed to collectives are what the split
+ * implies, by hand (stories260K: 5 layers of width 64, so stage 0 has layers
+ * 0-1 and stage 1 layers 2-4): per forward token, 2 allreduces per layer of
+ * its stage among its own stage's 2 ranks (64 floats x 4 bytes each), plus
+ * the residual stream it sends on (stage 0 to stage 1, stage 1 back to
+ * stage 0), plus a few ints of agreement and the 48-byte reports. */
+static void test_tpxpp_serve_completion_matches_one_process(void **state) {
+    (void)state;
+    const char *model = stories_or_skip();
+    char launch[2048];
+    snprintf(launch, sizeof(launch), "%s -np 4", mpirun());
+    setenv("LLMSERVE_LAUNCH", launch, 1);
+    struct httptest_server s;
+    httptest_start(&s, model, "--tp 2 --pp 2");
+    unsetenv("LLMSERVE_LAUNCH");
+    struct httptest_resp r;
+    assert_int_equal(httptest_request(s.port, "POST", "/v1/completions", NULL,
+                                      "{\"prompt\": \"Once upon a time\", \"max_tokens\": 30, "
+                                      "\"temperature\": 0}",
+                                      &r),
+                     200);
+    char *text = httptest_json_str(r.body, "text");
+    assert_non_null(text);
+    assert_string_equal(text,
+                        ", there was a little girl named Lily. She loved to play outside "
+                        "in the park. One day,");
+    free(text);
+    const long long p1 = httptest_json_int(r.body, "prompt_tokens", -1);
+    assert_true(p1 > 0);
+    httptest_resp_free(&r);
+    httptest_sleep_ms(1100);  // past ENGINE_RANK_REPORT_MS: the next step gathers reports
+    assert_int_equal(httptest_request(s.port, "POST", "/v1/completions", NULL,
+                                      "{\"prompt\": \"Lily\", \"max_tokens\": 1, "
+                                      "\"temperature\": 0}",
+                                      &r),
+                     200);
+    const long long p2 = httptest_json_int(r.body, "prompt_tokens", -1);
+    assert_true(p2 > 0);
+    httptest_resp_free(&r);
+    const double steps = 1 + 29 + 1;
+    const double tokens = (double)p1 + 29 + (double)p2;
+    for (int i = 0; i < 200; i++) {
+        assert_int_equal(httptest_request(s.port, "GET", "/metrics", NULL, NULL, &r), 200);
+        if (httptest_metric(r.body, "llmserve_rank_steps_total{rank=\"0\"}") == steps) break;
+        httptest_resp_free(&r);
+        httptest_sleep_ms(25);
+    }
+    assert_non_null(r.body);
+    assert_true(httptest_metric(r.body, "llmserve_ranks") == 4.0);
+    const double row = 64 * 4;  // one token's residual stream, bytes
+    const double want[4] = {0, (2 * 2 + 1) * row * tokens, (2 * 3 + 1) * row * tokens,
+                            (2 * 3 + 1) * row * tokens};
+    for (int rank = 0; rank < 4; rank++) {
+        char name[128];
+        snprintf(name, sizeof(name), "llmserve_rank_steps_total{rank=\"%d\"}", rank);
+        assert_true(httptest_metric(r.body, name) == steps);
+        if (rank == 0) continue;  // rank 0 also broadcasts every step's descriptor
+        snprintf(name, sizeof(name), "llmserve_rank_comm_bytes_total{rank=\"%d\"}", rank);
+        const double got = httptest_metric(r.body, name);
+        print_message("rank %d: %.0f bytes to collectives, %.0f by hand + reports\n", rank, got,
+                      want[rank]);
+        assert_true(got >= want[rank] && got <= want[rank] + 1024);
+    }
+    httptest_resp_free(&r);
+    assert_int_equal(httptest_request(s.port, "GET", "/health", NULL, NULL, &r), 200);
+    assert_true(httptest_json_int(r.body, "n_ranks", 0) == 4);
+    httptest_resp_free(&r);
+    httptest_stop(&s, SIGTERM);
+}
+
 /* The pid rank `rank` logged (comm_open: "rank R/N: pid P") in the job's log, or 0. */
 static pid_t rank_pid(const char *log_path, int rank) {
     FILE *f = fopen(log_path, "r");
@@ -408,6 +501,9 @@ int main(void) {
         cmocka_unit_test(test_pp_generate_stories260k_prints_reference_ids),
         cmocka_unit_test(test_pp_generate_synthetic_same_ids_as_one_process),
         cmocka_unit_test(test_pp_serve_completion_matches_one_process),
+        cmocka_unit_test(test_tpxpp_generate_synthetic_same_ids_as_one_process),
+        cmocka_unit_test(test_tpxpp_generate_stories260k_prints_reference_ids),
+        cmocka_unit_test(test_tpxpp_serve_completion_matches_one_process),
         cmocka_unit_test(test_tp_serve_completion_matches_one_process),
         cmocka_unit_test(test_tp_serve_rank_killed_ends_job),
     };
