@@ -1,14 +1,18 @@
 /*
- * fault.c - LLMSERVE_FAULT: allocation failures injected for tests.
+ * fault.c - LLMSERVE_FAULT: allocation failures injected for tests, and
+ * LLMSERVE_FAULT_GATE, the gate that holds an adapter load in progress.
  */
 #define LOG_TAG "fault"
 #include "engine/base/fault.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "engine/base/log.h"
 
@@ -58,4 +62,18 @@ void *fault_malloc(enum fault_site site, size_t n) {
 
 void *fault_calloc(enum fault_site site, size_t count, size_t size) {
     return fault_hit(site) ? NULL : calloc(count, size);
+}
+
+void fault_gate(int dir_fd) {
+    const char *name = getenv("LLMSERVE_FAULT_GATE");
+    if (!name || !name[0] || strchr(name, '/')) return;
+    struct stat st;
+    if (fstatat(dir_fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISFIFO(st.st_mode)) return;
+    LOG_WARN("LLMSERVE_FAULT_GATE: waiting on the FIFO '%s' (a test hook)", name);
+    int fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);  // blocks for a writer
+    if (fd < 0) return;
+    char buf[64];
+    while (read(fd, buf, sizeof(buf)) > 0) {
+    }
+    close(fd);
 }

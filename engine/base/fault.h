@@ -19,6 +19,13 @@
  * increment per allocation at those sites. A bad value is ignored with a
  * warning, so a typo cannot take a server down.
  *
+ * LLMSERVE_FAULT_GATE=NAME is the other hook, for holding an adapter load
+ * "in progress" in tests (tests/integration/test_lora_load.c): a load of an
+ * adapter directory that holds a FIFO named NAME first waits until a writer
+ * opens that FIFO and closes it (fault_gate), then goes on as usual. Without
+ * the variable, nothing waits: a FIFO in an adapter directory is otherwise
+ * refused at once (lora.c opens every file O_NONBLOCK).
+ *
  * The call counters are mutable globals, a test hook beside the log level
  * (STYLE 2.2): read once from the environment on first use, atomic after.
  * Threads: [any thread].
@@ -45,5 +52,10 @@ bool fault_hit(enum fault_site site);
  * the caller (free()). */
 void *fault_malloc(enum fault_site site, size_t n);
 void *fault_calloc(enum fault_site site, size_t count, size_t size);
+
+/* LLMSERVE_FAULT_GATE: when the variable is set and the directory dir_fd
+ * holds a FIFO of that name (not followed through a symlink), blocks until a
+ * writer has opened and closed it. Else returns at once. */
+void fault_gate(int dir_fd);
 
 #endif // LLMSERVE_FAULT_H

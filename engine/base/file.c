@@ -85,7 +85,7 @@ int file_map_fd(int fd, const char *name, struct file_map *out) {
 int file_map(const char *path, struct file_map *out) {
     out->data = NULL;
     out->size = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO: refused, not waited on
     if (fd < 0) {
         LOG_ERROR("cannot open %s: %s", path, strerror(errno));
         return ERR_IO;
@@ -191,7 +191,7 @@ int file_sparse_open(const char *path, struct file_sparse *out) {
     memset(out, 0, sizeof(*out));
     out->fd = -1;
     snprintf(out->name, sizeof(out->name), "%s", path);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO: refused, not waited on
     if (fd < 0) {
         LOG_ERROR("cannot open %s: %s", path, strerror(errno));
         return ERR_IO;

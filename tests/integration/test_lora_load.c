@@ -9,9 +9,10 @@
  * gives up on one that does not end (503, exit 0, no leak under ASan).
  *
  * Ordering, never timing: a load "in progress" is held there by a gate. The
- * adapter directory's adapter_config.json is a FIFO, so the loader thread
+ * server runs with LLMSERVE_FAULT_GATE=gate (engine/base/fault.h), and the
+ * gated adapter directory holds only a FIFO named gate, so the loader thread
  * blocks in open(2) until the test opens the FIFO for writing; the load then
- * fails (a FIFO is not a regular file: 400 lora_load_failed). Everything the
+ * fails (no adapter_config.json: 400 lora_load_failed). Everything the
  * test does before it opens the gate happens, by construction, while the load
  * is in progress; a server that loaded on its HTTP thread would answer none
  * of it (every read here has a receive timeout, so such a server fails the
@@ -70,6 +71,8 @@ static const char *runtime_args(const char *extra) {
 
 /* ---- the gate ------------------------------------------------------------------ */
 
+#define GATE_NAME "gate"  // LLMSERVE_FAULT_GATE, set in main for every server
+
 struct gate {
     char dir[4096];
     char fifo[4200];
@@ -78,7 +81,7 @@ struct gate {
 static void gate_make(struct gate *g, const char *tag) {
     snprintf(g->dir, sizeof(g->dir), "%s/tests/integration/gate-%s-%d", testutil_build_dir(), tag,
              (int)getpid());
-    snprintf(g->fifo, sizeof(g->fifo), "%s/adapter_config.json", g->dir);
+    snprintf(g->fifo, sizeof(g->fifo), "%s/" GATE_NAME, g->dir);
     unlink(g->fifo);
     rmdir(g->dir);
     assert_int_equal(mkdir(g->dir, 0755), 0);
@@ -512,6 +515,7 @@ static void test_lora_load_sigterm_gives_up_on_a_stuck_load(void **state) {
 }
 
 int main(void) {
+    setenv("LLMSERVE_FAULT_GATE", GATE_NAME, 1);  // the servers started below inherit it
     const struct CMUnitTest shared[] = {
         cmocka_unit_test(test_lora_load_other_requests_go_on_while_loading),
         cmocka_unit_test(test_lora_load_concurrent_loads),

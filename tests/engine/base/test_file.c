@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "engine/base/err.h"
@@ -107,6 +108,24 @@ static void test_file_map_directory_is_format(void **state) {
     struct file_map m;
     assert_int_equal(file_map(t->dir, &m), ERR_FORMAT);
     assert_null(m.data);
+}
+
+/* A FIFO with no writer: opening it for reading would wait for one (POSIX
+ * open()); file_map and file_sparse_open must refuse it as not a regular
+ * file at once. alarm() turns a hang into a failure (SIGALRM ends the test). */
+static void test_file_fifo_is_format_without_waiting(void **state) {
+    struct tmp *t = *state;
+    char p[2048];
+    snprintf(p, sizeof(p), "%s/fifo", t->dir);
+    assert_int_equal(mkfifo(p, 0600), 0);
+    alarm(10);
+    struct file_map m;
+    assert_int_equal(file_map(p, &m), ERR_FORMAT);
+    assert_null(m.data);
+    struct file_sparse sp;
+    assert_int_equal(file_sparse_open(p, &sp), ERR_FORMAT);
+    alarm(0);
+    unlink(p);
 }
 
 static void test_file_map_empty_file(void **state) {
@@ -352,6 +371,7 @@ int main(void) {
         cmocka_unit_test(test_file_map_missing_is_io),
         cmocka_unit_test(test_file_map_directory_is_format),
         cmocka_unit_test(test_file_map_empty_file),
+        cmocka_unit_test(test_file_fifo_is_format_without_waiting),
         cmocka_unit_test(test_file_read_all_respects_the_limit),
         cmocka_unit_test(test_file_cursor_reads_little_endian_values),
         cmocka_unit_test(test_file_cursor_refuses_reads_past_the_end),
