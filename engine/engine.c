@@ -65,6 +65,8 @@ void engine_ctx_free(struct engine_ctx *ctx) {
     free(ctx->att_tiles);
     free(ctx->xo);
     free(ctx->logits);
+    free(ctx->logits_part);
+    free(ctx->logits_all);
     for (int32_t i = 0; ctx->adapters && i < ctx->params.max_adapters; i++) {
         engine_adapter_release(ctx->adapters[i]);
     }
@@ -183,9 +185,17 @@ static int ctx_alloc(const struct engine_model *m, const struct engine_ctx_param
         attention_scratch_floats(sh->n_head, sh->n_head_kv, hp->head_dim, prm->block_size);
     ctx->att_scratch = alloc_floats((size_t)ctx->params.n_threads, ctx->att_scratch_floats, &err);
     ctx->xo = alloc_floats((size_t)prm->max_outputs, (size_t)hp->n_embd, &err);
-    // Only rank 0 runs the classifier (model/shard.h).
-    ctx->logits = alloc_floats(shard_has_classifier(sh) ? (size_t)prm->max_outputs : 1,
+    // Job rank 0 gets every row of the logits; under TP each stage-0 rank computes its
+    // vocabulary rows' part, which rank 0 gathers (model/shard.h).
+    ctx->logits = alloc_floats(shard_gets_logits(sh) ? (size_t)prm->max_outputs : 1,
                                (size_t)hp->n_vocab, &err);
+    if (sh->size > 1 && shard_has_classifier(sh)) {
+        const size_t stride = (size_t)shard_vocab_stride(sh, hp->n_vocab);
+        ctx->logits_part = alloc_floats((size_t)prm->max_outputs, stride, &err);
+        if (shard_gets_logits(sh)) {
+            ctx->logits_all = alloc_floats((size_t)sh->size * prm->max_outputs, stride, &err);
+        }
+    }
     ctx->att_tiles = malloc(T * sizeof(*ctx->att_tiles));
     if (!ctx->att_tiles) err = ERR_NOMEM;
     if (prm->max_adapters > 0 && !err) {

@@ -54,7 +54,11 @@ struct engine_ctx {
     float *att_scratch;       // [n_threads][att_scratch_floats]
     size_t att_scratch_floats;
     float *xo;                // [max_outputs][n_embd] normed rows that want logits
-    float *logits;            // [max_outputs][n_vocab] (TP ranks other than 0: one row, unused)
+    float *logits;            // [max_outputs][n_vocab] job rank 0 (others: one row, unused)
+    float *logits_part;       // [max_outputs][vocab stride] stage 0 at TP > 1: the logits of
+                              //   this rank's vocabulary rows (shard.h); else NULL
+    float *logits_all;        // [TP][max_outputs][vocab stride] job rank 0 at TP > 1: every
+                              //   stage-0 rank's logits_part, gathered; else NULL
 
     // Adapters (engine/lora.h); all NULL/empty when params.max_adapters is 0.
     struct engine_adapter **adapters;  // [max_adapters] slots: an owned reference or NULL

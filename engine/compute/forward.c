@@ -11,8 +11,11 @@
  * Tensor parallelism (model/shard.h): n_head, n_head_kv and n_ff are this
  * rank's share, the matrices its slices; the outputs of attn_output and
  * ffn_down are partial sums, joined by one allreduce each per layer, after
- * which every rank holds the same residual stream. Rank 0 alone computes the
- * logits. At TP 1 the shares are the whole model and the allreduces no-ops.
+ * which every rank holds the same residual stream. The embedding and the
+ * classifier are split by vocabulary rows: the embedding's rows are summed by
+ * one more allreduce, the classifier's logits gathered on rank 0 (so 2 x
+ * layers + 1 allreduces and one gather per step). At TP 1 the shares are the
+ * whole model and the collectives no-ops.
  *
  * Pipeline parallelism: a stage runs only its layers (model/shard.h); stage 0
  * embeds the tokens, every later stage receives the residual stream [T][E]
@@ -105,12 +108,19 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
     const int64_t n_x = (int64_t)T * n_embd;
 
     // Token embeddings: x[t] = token_embd[token[t]]; a later stage receives x instead  [T][E]
+    // Under TP each rank holds its vocabulary rows only: it writes the tokens of those,
+    // zeros for the rest, and the allreduce adds the stage's rows up (exactly: one term of
+    // each sum is not zero).
     if (sh->stage > 0) {
         comm_recv(ctx->comm, shard_job_rank(sh) - sh->size, ctx->x, n_x);
     } else {
         for (int32_t t = 0; t < T; t++) {
-            tensor_row_to_f32(m->tok_embd, b->token[t], ctx->x + (size_t)t * n_embd);
+            float *xt = ctx->x + (size_t)t * n_embd;
+            const int32_t row = b->token[t] - sh->vocab0;
+            if (row >= 0 && row < sh->n_vocab) tensor_row_to_f32(m->tok_embd, row, xt);
+            else memset(xt, 0, (size_t)n_embd * sizeof(float));
         }
+        comm_allreduce_sum(tp, ctx->x, n_x);
     }
 
     // RoPE angles per token, shared by every layer                       [T][n_rot/2]
@@ -232,7 +242,7 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
         }
     }
 
-    // Final norm of the rows that want logits, then the classifier (rank 0)  [n_out][vocab]
+    // Final norm of the rows that want logits, then the classifier (stage 0)  [n_out][vocab]
     if (!shard_has_classifier(sh)) return;
     int32_t n_out = 0;
     for (int32_t t = 0; t < T; t++) {
@@ -242,5 +252,26 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
         n_out++;
     }
     ASSERT(n_out == n_outputs);
-    if (n_out > 0) kern_matmul(pool, ks, m->output, ctx->xo, n_out, ctx->logits);
+    if (n_out == 0) return;
+    if (sh->size == 1) {
+        kern_matmul(pool, ks, m->output, ctx->xo, n_out, ctx->logits);
+        return;
+    }
+    // TP: this rank's vocabulary rows                                 [n_out][its rows]
+    // then every stage-0 rank's part gathered on rank 0, at one stride,
+    // and put in place                                                 [n_out][vocab]
+    const int32_t n_vocab = hp->n_vocab;
+    const int32_t stride = shard_vocab_stride(sh, n_vocab);
+    kern_matmul(pool, ks, m->output, ctx->xo, n_out, ctx->logits_part);
+    comm_gather(tp, ctx->logits_part, (size_t)n_out * stride * sizeof(float), ctx->logits_all);
+    if (!shard_gets_logits(sh)) return;
+    for (int32_t r = 0; r < sh->size; r++) {
+        const int32_t v0 = shard_vocab_first(sh, n_vocab, r);
+        const int32_t nv = shard_vocab_first(sh, n_vocab, r + 1) - v0;
+        const float *part = ctx->logits_all + (size_t)r * n_out * stride;  // [n_out][nv]
+        for (int32_t o = 0; o < n_out; o++) {
+            memcpy(ctx->logits + (size_t)o * n_vocab + v0, part + (size_t)o * nv,
+                   (size_t)nv * sizeof(float));
+        }
+    }
 }

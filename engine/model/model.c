@@ -422,7 +422,15 @@ static int shard_layers(struct loader *ld, const struct engine_model_params *p) 
     int err = shard_plan(ld->path, p->tp_rank, size, hp->n_head, hp->n_head_kv, hp->n_ff,
                          m->layers[0].ffn_down->type, &m->shard);
     if (!err) err = shard_plan_stage(ld->path, p->pp_rank, p->pp_size, hp->n_layer, &m->shard);
+    if (!err) shard_plan_vocab(hp->n_vocab, &m->shard);  // at TP 1: every row at stage 0
     if (err || size == 1) return err;
+    if (m->shard.stage == 0) {
+        // The embedding's and the classifier's rows of this rank (one tensor when tied).
+        shard_cut_vocab(&m->shard, &m->tensors[m->tok_embd - m->tensors]);
+        if (m->output != m->tok_embd) {
+            shard_cut_vocab(&m->shard, &m->tensors[m->output - m->tensors]);
+        }
+    }
     const int32_t l0 = m->shard.layer0;
     for (int pass = 0; pass < 2; pass++) {  // check every layer of the stage, then cut
         for (int32_t il = l0; il < l0 + m->shard.n_layer; il++) {
@@ -483,9 +491,8 @@ static int read_rows(struct gguf_file *f, const struct tensor *t) {
 }
 
 /* Reads the matrices this rank computes with, after shard_layers() cut them:
- * its stage's layer matrices (its rows and columns of each), the token
- * embedding where the stage embeds (stage 0), the classifier where it runs
- * (job rank 0). Nothing else of the file's data is read, so a rank's memory
+ * its stage's layer matrices (its rows and columns of each), and at stage 0
+ * its vocabulary rows of the token embedding and of the classifier. Nothing else of the file's data is read, so a rank's memory
  * for weights is about its slices. */
 static int read_matrices(struct loader *ld) {
     struct engine_model *m = ld->m;
@@ -497,7 +504,7 @@ static int read_matrices(struct loader *ld) {
                                       L->ffn_down};
         for (int k = 0; !err && k < 7; k++) err = read_rows(m->gguf, lm[k]);
     }
-    if (!err && sh->stage == 0) err = read_rows(m->gguf, m->tok_embd);
+    if (!err && shard_has_classifier(sh)) err = read_rows(m->gguf, m->tok_embd);
     if (!err && shard_has_classifier(sh) && m->output != m->tok_embd) {
         err = read_rows(m->gguf, m->output);
     }
@@ -524,7 +531,7 @@ static int pack_panels(struct loader *ld) {
                                       L->ffn_down};
         memcpy(mats + 7 * (il - l0), lm, sizeof(lm));
     }
-    // Only rank 0 of a parallel job runs the classifier (shard.h): the others never
+    // Only stage 0 runs the classifier (its rows of it, shard.h): the others never
     // pack it.
     const int64_t n_packed = shard_has_classifier(&m->shard) ? n_mats : n_mats - 1;
     mats[n_mats - 1] = m->output;

@@ -1,6 +1,7 @@
 /*
  * shard.c - cutting a loaded model down to one tensor-parallel rank's slice
- * (shard.h has the scheme): the plan, and the cuts of one layer's tensors.
+ * (shard.h has the scheme): the plan, the cuts of one layer's tensors, and
+ * the vocabulary rows of the embedding and the classifier.
  * model.c applies them between binding and panel packing, so the panels, the
  * q-panels and every kernel see ordinary, smaller matrices.
  */
@@ -111,4 +112,17 @@ void shard_cut_layer(const struct shard *sh, int32_t head_dim, const struct shar
     if (*l->bq) *l->bq += q0;
     if (*l->bk) *l->bk += kv0;
     if (*l->bv) *l->bv += kv0;
+}
+
+void shard_plan_vocab(int32_t n_vocab, struct shard *sh) {
+    sh->vocab0 = 0;
+    sh->n_vocab = 0;
+    if (sh->stage > 0) return;
+    sh->vocab0 = shard_vocab_first(sh, n_vocab, sh->rank);
+    sh->n_vocab = shard_vocab_first(sh, n_vocab, sh->rank + 1) - sh->vocab0;
+}
+
+void shard_cut_vocab(const struct shard *sh, struct tensor *t) {
+    if (sh->size == 1) return;
+    keep_rows(t, sh->vocab0, sh->n_vocab);
 }

@@ -19,14 +19,19 @@
  *                                          file's row stride (tensor.h)
  *
  * so each rank's attention output and FFN output are partial sums of the
- * full ones, joined by one allreduce each per layer (forward.c). Norms, the
- * embedding and the classifier are not split; the classifier runs on rank 0
- * only, the others never pack it. With TP = 1 nothing changes.
+ * full ones, joined by one allreduce each per layer (forward.c). Norms are
+ * not split. The classifier and the token embedding are split by
+ * vocabulary, the same rows for both (they are one tensor when tied): TP
+ * rank r of stage 0 holds rows [V * r / TP, V * (r + 1) / TP) of each, a
+ * contiguous run of the file. It embeds the tokens of its rows (zeros for
+ * the others; one allreduce sums the stage's rows into the whole
+ * embedding) and computes the logits of its rows, which job rank 0
+ * gathers. With TP = 1 nothing changes.
  *
  * Pipeline parallelism (PP): stage p of PP holds the contiguous layers
  * [n_layer * p / PP, n_layer * (p + 1) / PP) and packs only those (its KV
- * pool has only those layers too); stage 0 also the embedding's use and the
- * classifier. The job's ranks are stages times TP ranks, stage-major (job
+ * pool has only those layers too); stage 0 also the embedding and the
+ * classifier (split over its TP ranks as above; later stages hold neither). The job's ranks are stages times TP ranks, stage-major (job
  * rank = stage * TP + TP rank); under TP x PP each stage has TP ranks, and
  * the allreduces run among them alone.
  */
@@ -51,6 +56,8 @@ struct shard {
     int32_t n_stages;   // PP stages; 1: every layer here
     int32_t layer0;     // first layer of this stage
     int32_t n_layer;    // layers of this stage (all of them at PP 1)
+    int32_t vocab0;     // first vocabulary row of its embedding and classifier slice
+    int32_t n_vocab;    // rows of that slice: all at TP 1, 0 on stages after the first
 };
 
 /* The job's rank of this slice, and the job's size (stages x TP ranks). */
@@ -59,9 +66,18 @@ static inline int32_t shard_job_rank(const struct shard *sh) {
 }
 static inline int32_t shard_job_size(const struct shard *sh) { return sh->n_stages * sh->size; }
 
-/* Whether this slice runs the final norm and the classifier: job rank 0. */
-static inline bool shard_has_classifier(const struct shard *sh) {
-    return shard_job_rank(sh) == 0;
+/* Whether this slice embeds tokens and runs the final norm and its rows of
+ * the classifier: the ranks of stage 0. */
+static inline bool shard_has_classifier(const struct shard *sh) { return sh->stage == 0; }
+
+/* Whether this rank gathers every row of the logits (and samples from them):
+ * job rank 0. */
+static inline bool shard_gets_logits(const struct shard *sh) { return shard_job_rank(sh) == 0; }
+
+/* The most vocabulary rows any TP rank's slice has: the stride of the
+ * gathered logits (forward.c). */
+static inline int32_t shard_vocab_stride(const struct shard *sh, int32_t n_vocab) {
+    return (int32_t)(((int64_t)n_vocab + sh->size - 1) / sh->size);
 }
 
 /* sh's stage/n_stages/layer0/n_layer for stage of n_stages over n_layer
@@ -69,6 +85,19 @@ static inline bool shard_has_classifier(const struct shard *sh) {
  * (the message names path and the numbers). */
 int shard_plan_stage(const char *path, int32_t stage, int32_t n_stages, int32_t n_layer,
                      struct shard *sh);
+
+/* sh's vocab0/n_vocab over n_vocab rows: rows [V * r / TP, V * (r + 1) / TP)
+ * for TP rank r at stage 0 (stage and TP planned first), none later. */
+void shard_plan_vocab(int32_t n_vocab, struct shard *sh);
+
+/* The first vocabulary row of TP rank r's slice (any stage-0 rank may ask). */
+static inline int32_t shard_vocab_first(const struct shard *sh, int32_t n_vocab, int32_t r) {
+    return (int32_t)((int64_t)n_vocab * r / sh->size);
+}
+
+/* Cuts t (token_embd or output, the model's own tensor) to sh's vocabulary
+ * rows, in place, as a view; nothing at TP 1. */
+void shard_cut_vocab(const struct shard *sh, struct tensor *t);
 
 /* One layer's matrices (the model's own, writable tensors) and biases, as
  * shard_cut_layer() cuts them; a bias pointer may point to NULL (none). */

@@ -365,6 +365,13 @@ static void test_forward_tp_refuses_split_inside_a_block(void **state) {
     tp_send(JOB_UNLOAD, NULL);
 }
 
+/* 301 rows: under TP the embedding and the classifier split unevenly (one tensor:
+ * tied), so the gathered logits are placed from parts of two sizes. */
+static void test_forward_llama_kv4_tied_v301(void **state) {
+    (void)state;
+    check_model("llama-kv4-tied-v301");
+}
+
 static void test_forward_llama_f32(void **state) {
     (void)state;
     check_model("llama-f32");
@@ -502,6 +509,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_teardown(test_forward_portable_kernels_match, teardown_ctx),
         cmocka_unit_test_teardown(test_forward_rejects_oversized_batch, teardown_ctx),
         cmocka_unit_test_teardown(test_forward_llama_kv4_f32, teardown_ctx),
+        cmocka_unit_test_teardown(test_forward_llama_kv4_tied_v301, teardown_ctx),
         cmocka_unit_test_teardown(test_forward_tp_refuses_adapters, teardown_ctx),
         cmocka_unit_test_teardown(test_forward_tp_q8_0_uneven_ffn_split, teardown_ctx),
         cmocka_unit_test_teardown(test_forward_tp_q4_0, teardown_ctx),

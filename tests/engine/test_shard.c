@@ -160,6 +160,7 @@ static void test_shard_pipeline_stages_hold_their_layers(void **state) {
             assert_int_equal(L->wq->ne[1], whole->layers[il].wq->ne[1]);  // not cut: TP 1
         }
         assert_true((m->output->panels != NULL) == (stage == 0));
+        assert_int_equal(m->shard.n_vocab, stage == 0 ? 300 : 0);  // later stages: no rows
         assert_int_equal(engine_kv_block_bytes(m, 16, ENGINE_KV_TYPE_F32) * 2,
                          engine_kv_block_bytes(whole, 16, ENGINE_KV_TYPE_F32));
         engine_model_free(m);
@@ -171,12 +172,56 @@ static void test_shard_pipeline_stages_hold_their_layers(void **state) {
     assert_int_equal(err, ERR_INVAL);
 }
 
+/* The classifier split by vocabulary (llama-q8_0: untied, 300 rows of 64
+ * Q8_0 values, 68 bytes each): rank 1 of 2 views rows 150..299 of
+ * output.weight and of token_embd; of 301 rows over 4 ranks (the tied test
+ * model), ranks hold 75, 75, 75 and 76 rows from 0, 75, 150 and 225, one
+ * tensor for both, and the gather's stride is 76. */
+static void test_shard_vocabulary_rows(void **state) {
+    (void)state;
+    int err;
+    struct engine_model *m = load("llama-q8_0", 1, 2, &err);
+    assert_int_equal(err, 0);
+    assert_int_equal(m->shard.vocab0, 150);
+    assert_int_equal(m->shard.n_vocab, 150);
+    assert_true(shard_has_classifier(&m->shard));
+    assert_false(shard_gets_logits(&m->shard));
+    assert_int_equal(m->output->ne[1], 150);
+    assert_int_equal(offset(m, m->output), 150 * 68);
+    assert_int_equal(m->tok_embd->ne[1], 150);
+    assert_int_equal(offset(m, m->tok_embd), 150 * 68);
+    assert_non_null(m->output->panels);  // packed: this rank computes its rows' logits
+    assert_int_equal(m->hp.n_vocab, 300);  // the model's vocabulary is still all of it
+    engine_model_free(m);
+    const int32_t want0[4] = {0, 75, 150, 225}, want_n[4] = {75, 75, 75, 76};
+    for (int32_t r = 0; r < 4; r++) {
+        struct engine_model *t = load("llama-kv4-tied-v301", r, 4, &err);
+        assert_int_equal(err, 0);
+        assert_ptr_equal(t->output, t->tok_embd);
+        assert_int_equal(t->shard.vocab0, want0[r]);
+        assert_int_equal(t->shard.n_vocab, want_n[r]);
+        assert_int_equal(t->tok_embd->ne[1], want_n[r]);
+        assert_int_equal(offset(t, t->tok_embd), (ptrdiff_t)want0[r] * 128 * 2);  // f16 rows
+        assert_int_equal(shard_vocab_stride(&t->shard, 301), 76);
+        assert_true(shard_gets_logits(&t->shard) == (r == 0));
+        engine_model_free(t);
+    }
+    // One process: every row, nothing cut.
+    struct engine_model *whole = load("llama-q8_0", 0, 1, &err);
+    assert_int_equal(err, 0);
+    assert_int_equal(whole->shard.vocab0, 0);
+    assert_int_equal(whole->shard.n_vocab, 300);
+    assert_int_equal(whole->output->ne[1], 300);
+    engine_model_free(whole);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shard_rank1_of_2_views_its_rows_and_columns),
         cmocka_unit_test(test_shard_rank0_of_2_and_biases),
         cmocka_unit_test(test_shard_refuses_impossible_splits),
         cmocka_unit_test(test_shard_pipeline_stages_hold_their_layers),
+        cmocka_unit_test(test_shard_vocabulary_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

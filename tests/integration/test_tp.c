@@ -52,6 +52,17 @@ static const char *stories_or_skip(void) {
     return path;
 }
 
+/* The server a test has running, stopped by the teardown when an assertion
+ * fails before the test's own stop: else the mpirun job outlives the test. */
+static struct httptest_server *live;
+
+static int stop_live(void **state) {
+    (void)state;
+    if (live) httptest_stop(live, SIGTERM);
+    live = NULL;
+    return 0;
+}
+
 /* ../shared/models/README.md, section A: the greedy continuation of [BOS],
  * at TP 2 and 4 (stories260K has 4 kv heads). */
 static void test_tp_generate_stories260k_prints_reference_ids(void **state) {
@@ -218,6 +229,7 @@ static void test_tp_serve_completion_matches_one_process(void **state) {
     setenv("LLMSERVE_LAUNCH", launch, 1);
     struct httptest_server s;
     httptest_start(&s, model, "--tp 2");
+    live = &s;
     unsetenv("LLMSERVE_LAUNCH");
     struct httptest_resp r;
     assert_int_equal(httptest_request(s.port, "POST", "/v1/completions", NULL,
@@ -249,12 +261,15 @@ static void test_tp_serve_completion_matches_one_process(void **state) {
     httptest_resp_free(&r);
 
     // Oracles by hand: steps = 1 prefill + 29 decodes (the first token comes from the
-    // prefill) + 1 prefill; rank 1 hands 2 allreduces x 5 layers x 64 floats x 4 bytes per
-    // forward token to the collectives (stories260K: ../shared/models/README.md), plus a
-    // few ints of agreement and its 48-byte reports.
+    // prefill) + 1 prefill; rank 1 hands (2 allreduces x 5 layers + 1 for the embedding's
+    // vocabulary rows) x 64 floats x 4 bytes per forward token to the collectives
+    // (stories260K: ../shared/models/README.md), and per step the logits of its 256 of
+    // the 512 vocabulary rows for the one row that wants them (gathered on rank 0), plus
+    // a few ints of agreement and its 48-byte reports.
     const double steps = 1 + 29 + 1;
     const double tokens = (double)p1 + 29 + (double)p2;
-    const double allreduce_bytes = 2.0 * 5 * 64 * 4 * tokens;
+    const double allreduce_bytes = (2.0 * 5 + 1) * 64 * 4 * tokens;
+    const double follower_bytes = allreduce_bytes + steps * 256 * 4;  // + its logits
     // The reply can come before the step that sent it has published its figures
     // (emit, then publish): poll, boundedly, until rank 0 shows the last step.
     for (int i = 0; i < 200; i++) {
@@ -275,10 +290,11 @@ static void test_tp_serve_completion_matches_one_process(void **state) {
         assert_true(httptest_metric(r.body, name) > 1e6);  // a process, at least 1 MiB
     }
     const double comm1 = httptest_metric(r.body, "llmserve_rank_comm_bytes_total{rank=\"1\"}");
-    print_message("rank 1: %.0f bytes to collectives, %.0f of them allreduces\n", comm1,
-                  allreduce_bytes);
-    assert_true(comm1 >= allreduce_bytes && comm1 <= allreduce_bytes + 1024);
-    // rank 0 also broadcasts every step's descriptor: more than its allreduces
+    print_message("rank 1: %.0f bytes to collectives, %.0f by hand + reports\n", comm1,
+                  follower_bytes);
+    assert_true(comm1 >= follower_bytes && comm1 <= follower_bytes + 1024);
+    // rank 0 gathers the logits (sends none) and broadcasts every step's descriptor:
+    // more than its allreduces
     assert_true(httptest_metric(r.body, "llmserve_rank_comm_bytes_total{rank=\"0\"}") >
                 allreduce_bytes);
     httptest_resp_free(&r);
@@ -303,6 +319,7 @@ static void test_tp_serve_completion_matches_one_process(void **state) {
                   httptest_json_int(rank1, "peak_rss_bytes", -1));
     assert_true(rss1 > 1000000);
     httptest_resp_free(&r);
+    live = NULL;
     httptest_stop(&s, SIGTERM);
 }
 
@@ -315,6 +332,7 @@ static void test_pp_serve_completion_matches_one_process(void **state) {
     setenv("LLMSERVE_LAUNCH", launch, 1);
     struct httptest_server s;
     httptest_start(&s, model, "--pp 2");
+    live = &s;
     unsetenv("LLMSERVE_LAUNCH");
     struct httptest_resp r;
     assert_int_equal(httptest_request(s.port, "POST", "/v1/completions", NULL,
@@ -332,6 +350,7 @@ static void test_pp_serve_completion_matches_one_process(void **state) {
     assert_int_equal(httptest_request(s.port, "GET", "/health", NULL, NULL, &r), 200);
     assert_true(httptest_json_int(r.body, "n_ranks", 0) == 2);
     httptest_resp_free(&r);
+    live = NULL;
     httptest_stop(&s, SIGTERM);
 }
 
@@ -339,9 +358,11 @@ static void test_pp_serve_completion_matches_one_process(void **state) {
  * reports, and each follower's bytes handed to collectives are what the split
  * implies, by hand (stories260K: 5 layers of width 64, so stage 0 has layers
  * 0-1 and stage 1 layers 2-4): per forward token, 2 allreduces per layer of
- * its stage among its own stage's 2 ranks (64 floats x 4 bytes each), plus
- * the residual stream it sends on (stage 0 to stage 1, stage 1 back to
- * stage 0), plus a few ints of agreement and the 48-byte reports. */
+ * its stage among its own stage's 2 ranks (64 floats x 4 bytes each), at
+ * stage 0 one more for the embedding's vocabulary rows, plus the residual
+ * stream it sends on (stage 0 to stage 1, stage 1 back to stage 0); per step
+ * at stage 0 the logits of its 256 vocabulary rows for the one row that
+ * wants them; plus a few ints of agreement and the 48-byte reports. */
 static void test_tpxpp_serve_completion_matches_one_process(void **state) {
     (void)state;
     const char *model = stories_or_skip();
@@ -350,6 +371,7 @@ static void test_tpxpp_serve_completion_matches_one_process(void **state) {
     setenv("LLMSERVE_LAUNCH", launch, 1);
     struct httptest_server s;
     httptest_start(&s, model, "--tp 2 --pp 2");
+    live = &s;
     unsetenv("LLMSERVE_LAUNCH");
     struct httptest_resp r;
     assert_int_equal(httptest_request(s.port, "POST", "/v1/completions", NULL,
@@ -386,8 +408,8 @@ static void test_tpxpp_serve_completion_matches_one_process(void **state) {
     assert_non_null(r.body);
     assert_true(httptest_metric(r.body, "llmserve_ranks") == 4.0);
     const double row = 64 * 4;  // one token's residual stream, bytes
-    const double want[4] = {0, (2 * 2 + 1) * row * tokens, (2 * 3 + 1) * row * tokens,
-                            (2 * 3 + 1) * row * tokens};
+    const double want[4] = {0, (2 * 2 + 1 + 1) * row * tokens + steps * 256 * 4,
+                            (2 * 3 + 1) * row * tokens, (2 * 3 + 1) * row * tokens};
     for (int rank = 0; rank < 4; rank++) {
         char name[128];
         snprintf(name, sizeof(name), "llmserve_rank_steps_total{rank=\"%d\"}", rank);
@@ -403,6 +425,7 @@ static void test_tpxpp_serve_completion_matches_one_process(void **state) {
     assert_int_equal(httptest_request(s.port, "GET", "/health", NULL, NULL, &r), 200);
     assert_true(httptest_json_int(r.body, "n_ranks", 0) == 4);
     httptest_resp_free(&r);
+    live = NULL;
     httptest_stop(&s, SIGTERM);
 }
 
@@ -446,6 +469,7 @@ static void test_tp_serve_rank_killed_ends_job(void **state) {
     setenv("LLMSERVE_LAUNCH", launch, 1);
     struct httptest_server s;
     httptest_start(&s, model, "--tp 2");
+    live = &s;
     unsetenv("LLMSERVE_LAUNCH");
     pid_t pid1 = 0;
     for (int i = 0; i < 100 && !pid1; i++) {
@@ -483,6 +507,7 @@ static void test_tp_serve_rank_killed_ends_job(void **state) {
         done = waitpid(s.pid, &status, WNOHANG);
         if (done == 0) httptest_sleep_ms(100);
     }
+    if (done == s.pid) live = NULL;  // reaped: nothing left to stop
     assert_int_equal(done, s.pid);
     assert_false(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     struct httptest_resp r;
@@ -500,12 +525,12 @@ int main(void) {
         cmocka_unit_test(test_parallel_ranks_read_only_their_slices),
         cmocka_unit_test(test_pp_generate_stories260k_prints_reference_ids),
         cmocka_unit_test(test_pp_generate_synthetic_same_ids_as_one_process),
-        cmocka_unit_test(test_pp_serve_completion_matches_one_process),
+        cmocka_unit_test_teardown(test_pp_serve_completion_matches_one_process, stop_live),
         cmocka_unit_test(test_tpxpp_generate_synthetic_same_ids_as_one_process),
         cmocka_unit_test(test_tpxpp_generate_stories260k_prints_reference_ids),
-        cmocka_unit_test(test_tpxpp_serve_completion_matches_one_process),
-        cmocka_unit_test(test_tp_serve_completion_matches_one_process),
-        cmocka_unit_test(test_tp_serve_rank_killed_ends_job),
+        cmocka_unit_test_teardown(test_tpxpp_serve_completion_matches_one_process, stop_live),
+        cmocka_unit_test_teardown(test_tp_serve_completion_matches_one_process, stop_live),
+        cmocka_unit_test_teardown(test_tp_serve_rank_killed_ends_job, stop_live),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
