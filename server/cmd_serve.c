@@ -313,6 +313,15 @@ int cmd_serve(int argc, char **argv) {
             "%s under mpirun (rank 0 of %d): ending the job; a rank may have died "
             "(mpirun's own message names it)",
             sig == SIGINT ? "SIGINT" : "SIGTERM", (int)comm_size(comm));
+        // No drain is possible: the step thread may be stuck in a collective with a rank
+        // that is gone, and mpirun kills this process a moment from now. Tell the clients
+        // instead (an error event ends each stream, a 503 each plain request) and give
+        // the connections a moment to carry it.
+        const int32_t n_open = http_n_active(http);
+        http_abort_all(http);
+        for (int i = 0; i < 50 && http_n_active(http) > 0; i++) sleep_ms(10);
+        LOG_WARN("ended %d request(s) in progress with an error (job_failed); %d still open",
+                 (int)n_open, (int)http_n_active(http));
     }
     LOG_INFO("%s: shutting down, grace=%ds, requests in progress=%d",
              sig == SIGINT ? "SIGINT" : "SIGTERM", (int)cfg.shutdown_grace_s,

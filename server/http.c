@@ -308,7 +308,7 @@ static enum MHD_Result queue_stream(struct http_server *h, struct req *r) {
 static enum MHD_Result wait_or_reply(struct http_server *h, struct req *r) {
     for (;;) {
         req_poll(r);
-        if (req_is_finished(r)) break;
+        if (req_is_finished(r) || atomic_load(&r->is_aborted)) break;
         if (slot_park(r->slot)) return MHD_YES;
     }
     struct route_reply rep = {0};
@@ -718,6 +718,22 @@ int http_start(const struct http_params *p, const struct routes_ctx *app,
 
 void http_drain(struct http_server *h) {
     atomic_store(&h->live.draining, true);
+}
+
+void http_abort_all(struct http_server *h) {
+    atomic_store(&h->live.draining, true);
+    for (int32_t i = 0; i < h->n_slots; i++) {
+        struct slot *s = &h->slots[i];
+        pthread_mutex_lock(&s->lock);
+        if (s->req) {
+            atomic_store(&s->req->is_aborted, true);
+            if (s->suspended) {
+                s->suspended = false;
+                MHD_resume_connection(s->conn);
+            }
+        }
+        pthread_mutex_unlock(&s->lock);
+    }
 }
 
 int32_t http_n_active(struct http_server *h) {

@@ -46,6 +46,14 @@ int http_start(const struct http_params *p, const struct routes_ctx *app,
 /* Stops accepting connections; requests on open connections get 503. */
 void http_drain(struct http_server *h);
 
+/* Ends every request in progress now, without waiting for its sequences:
+ * a stream gets what was generated so far, an OpenAI-shaped error event
+ * (code "job_failed") and its end, no [DONE]; a plain request a 503. New
+ * requests get 503 (as after http_drain). For a parallel job whose engine can
+ * no longer step (a rank died: the step thread may be stuck in a collective),
+ * so nothing here waits for the scheduler. [any thread] */
+void http_abort_all(struct http_server *h);
+
 /* Requests in progress (for the shutdown wait). [any thread] */
 int32_t http_n_active(struct http_server *h);
 

@@ -23,6 +23,7 @@ struct req *req_create(struct slot *slot, struct MHD_Connection *conn) {
     atomic_init(&r->heartbeat_due, false);
     atomic_init(&r->client_gone, false);
     atomic_init(&r->is_canceled, false);
+    atomic_init(&r->is_aborted, false);
     return r;
 }
 

@@ -82,6 +82,7 @@ struct req {
     atomic_bool heartbeat_due;          // set by the ticker (streams)
     atomic_bool client_gone;            // set by the ticker: the peer closed while suspended
     atomic_bool is_canceled;            // set by req_cancel() (ticker, shutdown): stop waiting
+    atomic_bool is_aborted;             // set by http_abort_all(): the engine cannot go on
     int64_t t_last_write_ns;            // streams
 
     struct scheduler *sched;            // borrowed
@@ -101,6 +102,12 @@ struct req {
     struct buf out;                     // stream bytes not yet handed to MHD
     size_t out_pos;
 };
+
+/* What a request ended by http_abort_all() is told (a 503, or a stream's
+ * error event; code "job_failed"). */
+#define REQ_JOB_FAILED_MESSAGE                                                        \
+    "The server's parallel job is ending (a rank has stopped; see the server's log): " \
+    "this request cannot be completed"
 
 /* A zeroed request for one HTTP exchange. Never NULL (xcalloc). */
 struct req *req_create(struct slot *slot, struct MHD_Connection *conn);

@@ -328,6 +328,10 @@ void routes_final_reply(const struct routes_ctx *ctx, struct req *r, struct rout
         load_reply(ctx, r, out);
         return;
     }
+    if (atomic_load(&r->is_aborted)) {
+        routes_error(out, 503, REQ_JOB_FAILED_MESSAGE, NULL, "job_failed");
+        return;
+    }
     if (atomic_load(&r->timed_out)) {
         routes_error(out, 504, "The request took longer than the server's request timeout",
                      NULL, "request_timeout");

@@ -87,6 +87,7 @@ const struct route *routes_find(const char *method, const char *path, bool *out_
 void routes_error(struct route_reply *out, int status, const char *message, const char *param,
                   const char *code);
 
+
 /* The full response of a request whose sequences have all finished, or
  * whose adapter load is done (or no longer waited for). */
 void routes_final_reply(const struct routes_ctx *ctx, struct req *r, struct route_reply *out);

@@ -148,8 +148,8 @@ static bool emit_deltas(struct req *r) {
     return any;
 }
 
-static void emit_error(struct req *r, const char *message) {
-    char *json = openai_error_json(message, "timeout", NULL, "request_timeout");
+static void emit_error(struct req *r, const char *message, const char *type, const char *code) {
+    char *json = openai_error_json(message, type, NULL, code);
     sse_frame_data(&r->out, json);
     free(json);
 }
@@ -179,13 +179,20 @@ ssize_t sse_read(struct req *r, char *dst, size_t max) {
         case SSE_DELTAS:
             req_poll(r);
             if (emit_deltas(r)) break;
+            if (atomic_load(&r->is_aborted) && !req_is_finished(r)) {
+                // What was generated has gone out above; the rest never comes.
+                emit_error(r, REQ_JOB_FAILED_MESSAGE, "server_error", "job_failed");
+                r->sse = SSE_END;
+                break;
+            }
             if (req_is_finished(r)) {
                 r->sse = SSE_FINAL;
                 break;
             }
             if (atomic_exchange(&r->timed_out, false)) {
                 // The ticker canceled the sequences; tell the client why.
-                emit_error(r, "The request took longer than the server's request timeout");
+                emit_error(r, "The request took longer than the server's request timeout",
+                           "timeout", "request_timeout");
                 break;
             }
             if (atomic_exchange(&r->heartbeat_due, false)) {

@@ -456,7 +456,9 @@ static bool log_has(const char *log_path, const char *text) {
 }
 
 /* serve --tp 2, rank 1 killed with SIGKILL in the middle of a stream: the
- * stream ends (EOF or reset within 60 s, never [DONE]: it did not finish),
+ * stream ends (EOF or reset within 60 s, never [DONE]: it did not finish)
+ * with an OpenAI-shaped error event (code job_failed), a plain request in
+ * progress gets a 503 with that code,
  * the whole job exits within 60 s and with a failure, rank 0's log says
  * why, and /health no longer answers 200. The bounds are polls, not timings:
  * Open MPI takes a few seconds (mpirun notices the death, SIGTERMs the
@@ -483,6 +485,12 @@ static void test_tp_serve_rank_killed_ends_job(void **state) {
                            "{\"prompt\": \"Once\", \"max_tokens\": 480, \"ignore_eos\": true, "
                            "\"temperature\": 0, \"stream\": true}");
     assert_true(httptest_recv_until(fd, "data: ", 1 << 20));
+    // A plain request queued behind the stream (max_seqs 1 would not matter: it is in
+    // progress either way, waiting or running).
+    int fd_plain = httptest_send(s.port, "POST", "/v1/completions", NULL,
+                                 "{\"prompt\": \"Lily\", \"max_tokens\": 400, "
+                                 "\"ignore_eos\": true, \"temperature\": 0}");
+    httptest_sleep_ms(200);  // let the server take it in (it is answered only at the end)
     assert_int_equal(kill(pid1, SIGKILL), 0);
 
     struct timeval tv = {.tv_sec = 60};
@@ -500,6 +508,17 @@ static void test_tp_serve_rank_killed_ends_job(void **state) {
     buf[len] = '\0';
     assert_true(read_errno != EAGAIN && read_errno != EWOULDBLOCK);  // not a stuck stream
     assert_null(strstr(buf, "[DONE]"));
+    if (!strstr(buf, "data: {\"error\":") || !strstr(buf, "\"job_failed\"")) {
+        fail_msg("the stream ended without a job_failed error event; its tail:\n%s", buf);
+    }
+    struct timeval tv_plain = {.tv_sec = 60};
+    assert_int_equal(setsockopt(fd_plain, SOL_SOCKET, SO_RCVTIMEO, &tv_plain, sizeof(tv_plain)),
+                     0);
+    struct httptest_resp plain;
+    assert_int_equal(httptest_recv(fd_plain, &plain), 503);
+    assert_true(httptest_is_openai_error(plain.body));
+    assert_non_null(strstr(plain.body, "\"job_failed\""));
+    httptest_resp_free(&plain);
 
     int status = 0;
     pid_t done = 0;
