@@ -307,7 +307,14 @@ static void reply_tool_calls(const struct req *r, int32_t i, struct openai_choic
     const struct req_choice *ch = &r->choices[i];
     struct tool_call_parse tp;
     tool_call_parse(&r->oa.tool_syntax, c->text, c->text_len, true, &tp);
-    if (tp.n_calls == 0 || !tp.is_complete || ch->finish != CHANNEL_FINISH_STOP) return;
+    if (!tp.has_trigger || tp.is_failed) return;  // all content
+    // From the trigger on the text is the calls' syntax, never content, as in a stream
+    // of the same request (sse.c holds it back). A call cut short (max_tokens) is a call
+    // begun all the same once its name is complete: the name and the arguments so far,
+    // with the finish that ended it ("length"), as the stream has sent them and as
+    // OpenAI answers; cut before that, there is no call.
+    c->text_len = tp.content_len;
+    if (tp.n_calls == 0) return;
     for (int32_t k = 0; k < tp.n_calls; k++) {
         tool_call_make_id(&r->oa.tool_syntax, ids[k], sizeof(ids[k]));
         calls[k] = (struct openai_tool_call){.index = k,
@@ -319,8 +326,8 @@ static void reply_tool_calls(const struct req *r, int32_t i, struct openai_choic
     }
     c->tool_calls = calls;
     c->n_tool_calls = tp.n_calls;
-    c->text_len = tp.content_len;
-    c->finish_reason = "tool_calls";
+    c->finish_reason = ch->finish == CHANNEL_FINISH_STOP ? "tool_calls"
+                                                         : req_finish_reason(ch->finish);
 }
 
 void routes_final_reply(const struct routes_ctx *ctx, struct req *r, struct route_reply *out) {

@@ -35,6 +35,7 @@
     "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","      \
     "\"description\":\"Weather\",\"parameters\":" SCHEMA "}},{\"type\":\"function\"," \
     "\"function\":{\"name\":\"ping\"}}]"
+#define AFTER_TEXT_BIAS "4"  // test_tools_auto_trigger_after_text
 #define ASK "\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"}]"
 
 /* POSTs body to the chat route; returns the status and the parsed reply. */
@@ -181,6 +182,210 @@ static void test_tools_auto_without_a_call_is_text(void **state) {
     assert_int_equal(httptest_stop(&s, SIGTERM), 0);
 }
 
+/* ---- auto: the model's own trigger ------------------------------------------------- */
+
+#define TOOLS_WEATHER                                                                 \
+    "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","       \
+    "\"parameters\":" SCHEMA "}}]"
+
+/* What a chat reply says, plain or accumulated from its stream's deltas. */
+struct reply {
+    char content[4096];  // "" when null or absent
+    bool has_content;    // plain: content was a string (not null)
+    int n_calls;
+    char id[64];
+    char name[64];
+    char args[4096];
+    char finish[32];
+};
+
+static void append(char *dst, size_t cap, const char *s) {
+    size_t n = strlen(dst);
+    snprintf(dst + n, cap - n, "%s", s ? s : "");
+}
+
+static void plain_reply(int port, const char *body, struct reply *out) {
+    memset(out, 0, sizeof(*out));
+    json_t *r = NULL;
+    int st = chat(port, body, &r);
+    if (st != 200) fail_msg("%d: %s", st, json_dumps(r, 0));
+    json_t *c = json_array_get(json_object_get(r, "choices"), 0);
+    json_t *msg = json_object_get(c, "message");
+    const char *content = json_string_value(json_object_get(msg, "content"));
+    out->has_content = content != NULL;
+    append(out->content, sizeof(out->content), content);
+    json_t *calls = json_object_get(msg, "tool_calls");
+    out->n_calls = (int)json_array_size(calls);
+    if (out->n_calls > 0) {
+        json_t *call = json_array_get(calls, 0);
+        json_t *fn = json_object_get(call, "function");
+        append(out->id, sizeof(out->id), json_string_value(json_object_get(call, "id")));
+        append(out->name, sizeof(out->name), json_string_value(json_object_get(fn, "name")));
+        append(out->args, sizeof(out->args), json_string_value(json_object_get(fn, "arguments")));
+    }
+    append(out->finish, sizeof(out->finish),
+           json_string_value(json_object_get(c, "finish_reason")));
+    json_decref(r);
+}
+
+/* The same request streamed ("stream": true appended to body's members), its
+ * deltas accumulated the way the OpenAI API defines them: content fragments,
+ * and per call a first delta with index, id, type "function", the name and
+ * arguments "", then argument fragments only. */
+static void stream_reply(int port, const char *body, struct reply *out) {
+    memset(out, 0, sizeof(*out));
+    char sbody[8192];
+    snprintf(sbody, sizeof(sbody), "%.*s,\"stream\":true}", (int)(strlen(body) - 1), body);
+    struct httptest_resp resp;
+    assert_int_equal(
+        httptest_request(port, "POST", "/v1/chat/completions", NULL, sbody, &resp), 200);
+    int n = 0;
+    char **ev = httptest_sse_events(resp.body, &n);
+    assert_true(n > 1);
+    assert_string_equal(ev[n - 1], "[DONE]");
+    for (int i = 0; i < n - 1; i++) {
+        json_t *e = json_loads(ev[i], 0, NULL);
+        if (!e) fail_msg("event %d is not JSON: %s", i, ev[i]);
+        json_t *c = json_array_get(json_object_get(e, "choices"), 0);
+        json_t *d = json_object_get(c, "delta");
+        append(out->content, sizeof(out->content),
+               json_string_value(json_object_get(d, "content")));
+        json_t *calls = json_object_get(d, "tool_calls");
+        for (size_t k = 0; k < json_array_size(calls); k++) {
+            json_t *tc = json_array_get(calls, k);
+            json_t *fn = json_object_get(tc, "function");
+            assert_true(json_integer_value(json_object_get(tc, "index")) == out->n_calls - 1 ||
+                        json_object_get(tc, "id"));
+            if (json_object_get(tc, "id")) {  // a new call: its first delta
+                out->n_calls++;
+                assert_int_equal(json_integer_value(json_object_get(tc, "index")),
+                                 out->n_calls - 1);
+                assert_string_equal(json_string_value(json_object_get(tc, "type")), "function");
+                assert_string_equal(json_string_value(json_object_get(fn, "arguments")), "");
+                if (out->n_calls == 1) {
+                    append(out->id, sizeof(out->id), json_string_value(json_object_get(tc, "id")));
+                    append(out->name, sizeof(out->name),
+                           json_string_value(json_object_get(fn, "name")));
+                }
+            } else {
+                assert_null(json_object_get(fn, "name"));
+                if (out->n_calls == 1) {
+                    append(out->args, sizeof(out->args),
+                           json_string_value(json_object_get(fn, "arguments")));
+                }
+            }
+        }
+        const char *fin = json_string_value(json_object_get(c, "finish_reason"));
+        if (fin) append(out->finish, sizeof(out->finish), fin);
+        json_decref(e);
+    }
+    httptest_events_free(ev, n);
+    httptest_resp_free(&resp);
+}
+
+/* The plain reply and the stream of the same seed say the same (the ids are
+ * drawn per request). */
+static void assert_same_reply(const struct reply *a, const struct reply *b) {
+    assert_string_equal(a->content, b->content);
+    assert_int_equal(a->n_calls, b->n_calls);
+    assert_string_equal(a->name, b->name);
+    assert_string_equal(a->args, b->args);
+    assert_string_equal(a->finish, b->finish);
+}
+
+/* tool_choice auto on llama-tools-f32, whose vocabulary has the markers as
+ * control tokens (tests/models: <tool_call> 297, [TOOL_CALLS] 299): a
+ * logit_bias of +100 on the family's trigger makes the model write it
+ * first, as a model that decides to call would; the server must see its own
+ * syntax start, constrain what follows to a call of the tool, and answer
+ * with message.tool_calls, content null and finish_reason "tool_calls", the
+ * arguments valid for the schema (scripts/validate-json); the stream of the
+ * same seed must build the same call from OpenAI-shaped deltas. One call:
+ * parallel_tool_calls false (with it, the bias would open call after call). */
+static void check_auto_trigger(const char *template_flag, int trigger_id) {
+    struct httptest_server s;
+    httptest_start(&s, httptest_model("llama-tools-f32"), template_flag);
+    for (int seed = 1; seed <= 6; seed++) {
+        char body[8192];
+        snprintf(body, sizeof(body),
+                 "{" ASK "," TOOLS_WEATHER ",\"tool_choice\":\"auto\",\"parallel_tool_calls\":"
+                 "false,\"logit_bias\":{\"%d\":100},\"temperature\":1,\"seed\":%d,"
+                 "\"max_tokens\":300}",
+                 trigger_id, seed);
+        struct reply plain, streamed;
+        plain_reply(s.port, body, &plain);
+        print_message("seed %d: %s(%s) %s\n", seed, plain.name, plain.args, plain.finish);
+        assert_string_equal(plain.finish, "tool_calls");
+        assert_false(plain.has_content);  // the trigger came first: no text before it
+        assert_int_equal(plain.n_calls, 1);
+        assert_string_equal(plain.name, "get_weather");
+        validate_args(plain.args);
+        stream_reply(s.port, body, &streamed);
+        assert_same_reply(&plain, &streamed);
+    }
+    assert_int_equal(httptest_stop(&s, SIGTERM), 0);
+}
+
+static void test_tools_auto_hermes_trigger(void **state) {
+    (void)state;
+    check_auto_trigger(NULL, 297);  // <tool_call>
+}
+
+static void test_tools_auto_mistral_trigger(void **state) {
+    (void)state;
+    check_auto_trigger("--chat-template mistral-v3-tekken", 299);  // [TOOL_CALLS]
+}
+
+/* A smaller bias on <tool_call>: the model writes text first on some seeds and
+ * then the trigger, on others it never calls. Whatever it does, the plain
+ * reply and the stream agree, text written before the trigger is the content,
+ * and a call that starts is valid when it ends, or cut short by max_tokens
+ * (finish "length", its arguments so far: both forms say so alike). At least one of the 12 seeds
+ * must have called after some text (the case this test is for). */
+static void test_tools_auto_trigger_after_text(void **state) {
+    (void)state;
+    struct httptest_server s;
+    httptest_start(&s, httptest_model("llama-tools-f32"), NULL);
+    // 300 tokens: room for every call to end; 60: calls cut short, some before their name.
+    const int max_tokens[2] = {300, 60};
+    for (int m = 0; m < 2; m++) {
+        int n_text_then_call = 0;
+        for (int seed = 1; seed <= 12; seed++) {
+            char body[8192];
+            snprintf(body, sizeof(body),
+                     "{" ASK "," TOOLS_WEATHER ",\"tool_choice\":\"auto\",\"parallel_tool_calls\":"
+                     "false,\"logit_bias\":{\"297\":" AFTER_TEXT_BIAS "},\"temperature\":1,"
+                     "\"seed\":%d,\"max_tokens\":%d}",
+                     seed, max_tokens[m]);
+            struct reply plain, streamed;
+            plain_reply(s.port, body, &plain);
+            stream_reply(s.port, body, &streamed);
+            assert_same_reply(&plain, &streamed);
+            print_message("max_tokens %d, seed %d: %zu bytes of text, %d call(s), %s\n",
+                          max_tokens[m], seed, strlen(plain.content), plain.n_calls,
+                          plain.finish);
+            // The syntax is never content, whole or cut short.
+            assert_null(strstr(plain.content, "<tool_call>"));
+            assert_null(strstr(plain.content, "{\"name\""));
+            if (plain.n_calls > 0) {
+                assert_string_equal(plain.name, "get_weather");
+                if (strcmp(plain.finish, "length") != 0) {  // else cut short: partial arguments
+                    assert_string_equal(plain.finish, "tool_calls");
+                    validate_args(plain.args);
+                }
+                if (plain.content[0] && m == 0) n_text_then_call++;
+            } else {
+                assert_string_equal(plain.finish, "length");
+            }
+        }
+        if (m == 0) {
+            print_message("%d of 12 seeds wrote text and then a whole call\n", n_text_then_call);
+            assert_true(n_text_then_call >= 1);
+        }
+    }
+    assert_int_equal(httptest_stop(&s, SIGTERM), 0);
+}
+
 int main(void) {
     if (system("/usr/bin/python3 -c 'import jsonschema' 2>/dev/null") != 0) {
         printf("skipped: python3-jsonschema is missing (scripts/setup installs it)\n");
@@ -191,6 +396,9 @@ int main(void) {
         cmocka_unit_test(test_tools_llama3_1),
         cmocka_unit_test(test_tools_mistral),
         cmocka_unit_test(test_tools_auto_without_a_call_is_text),
+        cmocka_unit_test(test_tools_auto_hermes_trigger),
+        cmocka_unit_test(test_tools_auto_mistral_trigger),
+        cmocka_unit_test(test_tools_auto_trigger_after_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
