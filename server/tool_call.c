@@ -231,11 +231,24 @@ void tool_call_parse(const struct chat_tool_syntax *syn, const char *text, size_
     memset(out, 0, sizeof(*out));
     const char *t = text ? text : "";
     size_t at = find(t, len, syn->trigger);
+    const char *pre = syn->trigger_prefix ? syn->trigger_prefix : "";
+    const size_t n_pre = strlen(pre);
     if (at == len) {
-        out->content_len = is_final ? len : len - held_prefix(t, len, syn->trigger);
+        size_t held = held_prefix(t, len, syn->trigger);
+        if (n_pre > 0) {
+            // The marker, whole or in part, or the marker and part of the trigger.
+            char both[96];
+            int n = snprintf(both, sizeof(both), "%s%s", pre, syn->trigger);
+            ASSERT(n > 0 && (size_t)n < sizeof(both));
+            size_t h = held_prefix(t, len, both);
+            if (h > held) held = h;
+        }
+        out->content_len = is_final ? len : len - held;
         return;
     }
-    out->content_len = at;
+    // A marker right before the trigger belongs to the calls, not to the content.
+    const bool has_pre = n_pre > 0 && at >= n_pre && memcmp(t + at - n_pre, pre, n_pre) == 0;
+    out->content_len = has_pre ? at - n_pre : at;
     out->has_trigger = true;
     if (!parse_calls(syn, t, len, at, out)) {
         out->is_failed = true;

@@ -763,6 +763,7 @@ bool chat_family_has_tools(enum chat_family f) {
 int chat_tool_syntax(enum chat_family f, struct chat_tool_syntax *out) {
     static const struct chat_tool_syntax hermes = {
         .trigger = "<tool_call>",
+        .trigger_prefix = "",
         .list_open = "",
         .call_open = "<tool_call>\n",
         .call_close = "\n</tool_call>",
@@ -774,6 +775,10 @@ int chat_tool_syntax(enum chat_family f, struct chat_tool_syntax *out) {
     };
     static const struct chat_tool_syntax llama3_1 = {
         .trigger = "{\"name\": \"",
+        // Meta's Llama 3.1 prompt format: <|python_tag|> starts a tool call (its template
+        // writes it for the built-in tools; the models also write it before the JSON of
+        // a custom one, and llama.cpp accepts it there).
+        .trigger_prefix = "<|python_tag|>",
         .list_open = "",
         .call_open = "",
         .call_close = "",
@@ -785,6 +790,7 @@ int chat_tool_syntax(enum chat_family f, struct chat_tool_syntax *out) {
     };
     static const struct chat_tool_syntax mistral = {
         .trigger = "[TOOL_CALLS]",
+        .trigger_prefix = "",
         .list_open = "[TOOL_CALLS][",
         .call_open = "",
         .call_close = "",

@@ -100,6 +100,8 @@ struct chat_tool {
  * list_open + call_open + "{\"name\": \""). All strings static. */
 struct chat_tool_syntax {
     const char *trigger;     // "<tool_call>", "[TOOL_CALLS]", "{\"name\": \""
+    const char *trigger_prefix;  // a marker the model may write just before the trigger,
+                                 //   never content ("<|python_tag|>" for Llama 3.1), or ""
     const char *list_open;   // before the first call ("[TOOL_CALLS][" or "")
     const char *call_open;   // before each call's object ("<tool_call>\n" or "")
     const char *call_close;  // after each call's object ("\n</tool_call>" or "")

@@ -326,6 +326,44 @@ static void test_tool_call_parse_hand_cases(void **state) {
     tool_call_parse(&llama, t6, strlen(t6), true, &tp);
     assert_true(tp.is_complete);
     assert_int_equal(tp.n_calls, 1);
+    // Llama 3.1: <|python_tag|> (Meta's prompt format: it starts a tool call) right
+    // before the call is not content; elsewhere it is text like any other.
+    const char *t7 = "Sure.<|python_tag|>{\"name\": \"f\", \"parameters\": {\"k\": 1}}";
+    tool_call_parse(&llama, t7, strlen(t7), true, &tp);
+    assert_true(tp.is_complete);
+    assert_int_equal(tp.content_len, 5);
+    assert_int_equal(tp.n_calls, 1);
+    assert_int_equal(tp.calls[0].name_len, 1);
+    assert_int_equal(tp.calls[0].args_len, strlen("{\"k\": 1}"));
+    const char *t8 = "<|python_tag|>{\"name\": \"f\", \"parameters\": {}}";
+    tool_call_parse(&llama, t8, strlen(t8), true, &tp);
+    assert_true(tp.is_complete);
+    assert_int_equal(tp.content_len, 0);
+    const char *t9 = "a<|python_tag|>b{\"name\": \"f\", \"parameters\": {}}";
+    tool_call_parse(&llama, t9, strlen(t9), true, &tp);
+    assert_int_equal(tp.content_len, strlen("a<|python_tag|>b"));
+    // while streaming, the marker (whole or begun) is held back, as a trigger is, and a
+    // text that ends there gives it back
+    tool_call_parse(&llama, "Sure.<|python_tag|>", 19, false, &tp);
+    assert_int_equal(tp.content_len, 5);
+    tool_call_parse(&llama, "Sure.<|python_t", 15, false, &tp);
+    assert_int_equal(tp.content_len, 5);
+    tool_call_parse(&llama, "Sure.<|python_tag|>{\"na", 23, false, &tp);
+    assert_int_equal(tp.content_len, 5);
+    tool_call_parse(&llama, "Sure.<|python_tag|>", 19, true, &tp);
+    assert_int_equal(tp.content_len, 19);
+    // prefix-stable over every prefix of t7: content only grows, to 5, calls begin once
+    size_t last = 0;
+    for (size_t n = 0; n <= strlen(t7); n++) {
+        tool_call_parse(&llama, t7, n, false, &tp);
+        assert_false(tp.is_failed);
+        assert_true(tp.content_len >= last && tp.content_len <= 5);
+        last = tp.content_len;
+    }
+    assert_int_equal(last, 5);
+    // Hermes has no marker: the same text is content
+    tool_call_parse(&hermes, "Sure.<|python_tag|>", 19, false, &tp);
+    assert_int_equal(tp.content_len, 19);
     // ids
     char id[32];
     tool_call_make_id(&hermes, id, sizeof(id));
