@@ -21,7 +21,10 @@
  * embeds the tokens, every later stage receives the residual stream [T][E]
  * from the one before, and the last sends it back to stage 0 (rank 0), which
  * computes the logits. The KV pool of a stage holds its layers only, indexed
- * from its first layer. No micro-batches yet: the stages take turns. Under
+ * from its first layer. A step runs as micro-batches of consecutive tokens,
+ * so that stage s works on one while stage s + 1 works on the one before;
+ * each stage takes them in order, so a micro-batch attends to the KV the
+ * earlier ones wrote. Under
  * TP x PP each TP rank of a stage sends to the same TP rank of the next, and
  * the allreduces run among a stage's TP ranks only (ctx->tp_group).
  */
@@ -89,7 +92,10 @@ static void kv_write(const struct kv_store *kv, int32_t il, const struct engine_
     }
 }
 
-void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n_outputs) {
+/* The decoder layers of this stage over batch b (a whole batch, or one
+ * micro-batch of it), on its residual stream x [T][E] in place; ctx's
+ * scratch from its first row. */
+static void run_layers(struct engine_ctx *ctx, const struct engine_batch *b, float *x) {
     const struct engine_model *m = ctx->model;
     const struct hparams *hp = &m->hp;
     const int32_t T = b->n_tokens;
@@ -106,22 +112,6 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
     const struct shard *sh = &m->shard;
     struct comm *tp = ctx->tp_group;  // the allreduces' ranks: this stage's TP ranks
     const int64_t n_x = (int64_t)T * n_embd;
-
-    // Token embeddings: x[t] = token_embd[token[t]]; a later stage receives x instead  [T][E]
-    // Under TP each rank holds its vocabulary rows only: it writes the tokens of those,
-    // zeros for the rest, and the allreduce adds the stage's rows up (exactly: one term of
-    // each sum is not zero).
-    if (sh->stage > 0) {
-        comm_recv(ctx->comm, shard_job_rank(sh) - sh->size, ctx->x, n_x);
-    } else {
-        for (int32_t t = 0; t < T; t++) {
-            float *xt = ctx->x + (size_t)t * n_embd;
-            const int32_t row = b->token[t] - sh->vocab0;
-            if (row >= 0 && row < sh->n_vocab) tensor_row_to_f32(m->tok_embd, row, xt);
-            else memset(xt, 0, (size_t)n_embd * sizeof(float));
-        }
-        comm_allreduce_sum(tp, ctx->x, n_x);
-    }
 
     // RoPE angles per token, shared by every layer                       [T][n_rot/2]
     for (int32_t t = 0; t < T; t++) {
@@ -164,7 +154,7 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
         const int32_t kl = il - sh->layer0;  // the layer in this stage's KV pool
 
         // Attention norm                                                  [T][E]
-        rmsnorm_rows(ctx->xb, ctx->x, L->attn_norm, T, n_embd, hp->norm_eps);
+        rmsnorm_rows(ctx->xb, x, L->attn_norm, T, n_embd, hp->norm_eps);
 
         // Q, K, V projections (+ bias for qwen2)                  [T][Q], [T][KV]
         kern_matmul(pool, ks, L->wq, ctx->xb, T, ctx->q);
@@ -173,7 +163,7 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
         const struct adapter_target qkv[3] = {{ADAPTER_PROJ_Q, ctx->q, n_q},
                                               {ADAPTER_PROJ_K, ctx->k, n_kv},
                                               {ADAPTER_PROJ_V, ctx->v, n_kv}};
-        adapter_apply_lora(pool, ab, il, ctx->xb, n_embd, qkv, 3);       // + B (s A xb)
+        adapter_apply_lora(pool, ab, il, ctx->xb, n_embd, qkv, 3);       // + B (s A ctx->xb)
         if (L->bq) add_bias(ctx->q, L->bq, T, n_q);
         if (L->bk) add_bias(ctx->k, L->bk, T, n_kv);
         if (L->bv) add_bias(ctx->v, L->bv, T, n_kv);
@@ -206,10 +196,10 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
         adapter_apply_lora(pool, ab, il, ctx->att, n_q, o, 1);
         comm_allreduce_sum(tp, ctx->xb2, n_x);
         adapter_apply_bottleneck(pool, ab, il, ADAPTER_POS_ATTN, ctx->xb2, n_embd);
-        add_rows(ctx->x, ctx->xb2, (int64_t)T * n_embd);
+        add_rows(x, ctx->xb2, (int64_t)T * n_embd);
 
         // FFN norm                                                        [T][E]
-        rmsnorm_rows(ctx->xb, ctx->x, L->ffn_norm, T, n_embd, hp->norm_eps);
+        rmsnorm_rows(ctx->xb, x, L->ffn_norm, T, n_embd, hp->norm_eps);
 
         // Gate and up projections (+ LoRA)                               [T][F]
         kern_matmul(pool, ks, L->ffn_gate, ctx->xb, T, ctx->hb);
@@ -229,16 +219,87 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
         adapter_apply_lora(pool, ab, il, ctx->hb, n_ff, down, 1);
         comm_allreduce_sum(tp, ctx->xb2, n_x);
         adapter_apply_bottleneck(pool, ab, il, ADAPTER_POS_FFN, ctx->xb2, n_embd);
-        add_rows(ctx->x, ctx->xb2, (int64_t)T * n_embd);
+        add_rows(x, ctx->xb2, (int64_t)T * n_embd);
     }
+}
 
-    // Pipeline: on to the next stage; the last one's result back to rank 0
-    if (sh->n_stages > 1) {
-        const int32_t me = shard_job_rank(sh);
-        if (sh->stage + 1 < sh->n_stages) comm_send(ctx->comm, me + sh->size, ctx->x, n_x);
-        else comm_send(ctx->comm, sh->rank, ctx->x, n_x);  // stage 0, same TP rank
-        if (sh->stage == 0) {
-            comm_recv(ctx->comm, (sh->n_stages - 1) * sh->size + sh->rank, ctx->x, n_x);
+/* Token embeddings of b's tokens into x [T][E] (stage 0). Under TP each rank
+ * holds its vocabulary rows only: it writes the tokens of those, zeros for
+ * the rest, and the allreduce adds the stage's rows up (exactly: one term of
+ * each sum is not zero). */
+static void embed(struct engine_ctx *ctx, const struct engine_batch *b, float *x) {
+    const struct engine_model *m = ctx->model;
+    const struct shard *sh = &m->shard;
+    const int32_t n_embd = m->hp.n_embd;
+    for (int32_t t = 0; t < b->n_tokens; t++) {
+        float *xt = x + (size_t)t * n_embd;
+        const int32_t row = b->token[t] - sh->vocab0;
+        if (row >= 0 && row < sh->n_vocab) tensor_row_to_f32(m->tok_embd, row, xt);
+        else memset(xt, 0, (size_t)n_embd * sizeof(float));
+    }
+    comm_allreduce_sum(ctx->tp_group, x, (int64_t)b->n_tokens * n_embd);
+}
+
+/* Micro-batches of a T-token step: 1 without pipeline stages; with them, up
+ * to 2 per stage of at least FORWARD_MICRO_TOKENS tokens each, so that stage
+ * s works on one while stage s + 1 works on the one before. */
+#define FORWARD_MICRO_TOKENS 16
+static int32_t n_micro_batches(const struct shard *sh, int32_t T) {
+    if (sh->n_stages == 1) return 1;
+    int32_t n = T / FORWARD_MICRO_TOKENS;
+    if (n > 2 * sh->n_stages) n = 2 * sh->n_stages;
+    return n < 1 ? 1 : n;
+}
+
+/* Tokens [t0, t1) of b, a batch of their own over the same sequences. */
+static struct engine_batch sub_batch(const struct engine_batch *b, int32_t t0, int32_t t1) {
+    struct engine_batch mb = *b;
+    mb.n_tokens = t1 - t0;
+    mb.token = b->token + t0;
+    mb.pos = b->pos + t0;
+    mb.seq = b->seq + t0;
+    mb.output = b->output + t0;
+    if (b->adapter) mb.adapter = b->adapter + t0;
+    return mb;
+}
+
+void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n_outputs) {
+    const struct engine_model *m = ctx->model;
+    const struct hparams *hp = &m->hp;
+    const int32_t T = b->n_tokens;
+    const int32_t n_embd = hp->n_embd;
+    struct threadpool *pool = ctx->pool;
+    struct kern_scratch *ks = &ctx->kscratch;
+    const struct shard *sh = &m->shard;
+    struct comm *tp = ctx->tp_group;  // the allreduces' ranks: this stage's TP ranks
+
+    // The step in micro-batches of consecutive tokens (one, unless pipelined): each
+    // comes from the stage before (stage 0 embeds it), runs this stage's layers and
+    // goes on to the next stage; the last stage sends it back to stage 0 (same TP rank)
+    // without waiting, so stage 0 can go on sending the next one forward.    [T][E]
+    const int32_t n_mb = n_micro_batches(sh, T);
+    const int32_t me = shard_job_rank(sh);
+    const bool is_last = sh->stage == sh->n_stages - 1;
+    for (int32_t k = 0; k < n_mb; k++) {
+        const int32_t t0 = (int32_t)((int64_t)T * k / n_mb);
+        const int32_t t1 = (int32_t)((int64_t)T * (k + 1) / n_mb);
+        const struct engine_batch mb = sub_batch(b, t0, t1);
+        float *x = ctx->x + (size_t)t0 * n_embd;
+        const int64_t n_x = (int64_t)(t1 - t0) * n_embd;
+        if (sh->stage > 0) comm_recv(ctx->comm, me - sh->size, x, n_x);
+        else embed(ctx, &mb, x);
+        run_layers(ctx, &mb, x);
+        if (sh->n_stages == 1) continue;
+        if (!is_last) comm_send(ctx->comm, me + sh->size, x, n_x);
+        else comm_send_async(ctx->comm, sh->rank, x, n_x);
+    }
+    if (sh->n_stages > 1 && is_last) comm_wait_sends(ctx->comm);
+    if (sh->n_stages > 1 && sh->stage == 0) {
+        const int32_t last = (sh->n_stages - 1) * sh->size + sh->rank;
+        for (int32_t k = 0; k < n_mb; k++) {
+            const int32_t t0 = (int32_t)((int64_t)T * k / n_mb);
+            const int32_t t1 = (int32_t)((int64_t)T * (k + 1) / n_mb);
+            comm_recv(ctx->comm, last, ctx->x + (size_t)t0 * n_embd, (int64_t)(t1 - t0) * n_embd);
         }
     }
 

@@ -97,22 +97,42 @@ static void test_pp_generate_stories260k_prints_reference_ids(void **state) {
 
 /* Synthetic models: the same greedy ids as one process, for 24 tokens past a
  * 9-token prompt (prefill and decode both sharded). */
-/* flags: the split ("--tp 2", "--tp 2 --pp 2"), over n_ranks ranks. */
-static void check_same_ids(const char *name, const char *flags, int n_ranks) {
+/* flags: the split ("--tp 2", "--tp 2 --pp 2"), over n_ranks ranks; ids: the
+ * prompt (check_same_ids: 9 tokens). */
+static void check_same_ids_of(const char *name, const char *flags, int n_ranks,
+                              const char *ids) {
     const char *model = httptest_model(name);
     char cmd[8192], one[4096], split[4096];
-    snprintf(cmd, sizeof(cmd),
-             "%s generate -m %s --prompt-ids 5,17,3,250,9,88,1,42,7 -n 24 "
-             "--ignore-eos -t 1",
-             httptest_bin(), model);
+    snprintf(cmd, sizeof(cmd), "%s generate -m %s --prompt-ids %s -n 24 --ignore-eos -t 1",
+             httptest_bin(), model, ids);
     assert_int_equal(run(cmd, one, sizeof(one)), 0);
     snprintf(cmd, sizeof(cmd),
-             "%s -np %d %s generate -m %s --prompt-ids 5,17,3,250,9,88,1,42,7 "
-             "-n 24 --ignore-eos -t 1 %s",
-             mpirun(), n_ranks, httptest_bin(), model, flags);
+             "%s -np %d %s generate -m %s --prompt-ids %s -n 24 --ignore-eos -t 1 %s",
+             mpirun(), n_ranks, httptest_bin(), model, ids, flags);
     assert_int_equal(run(cmd, split, sizeof(split)), 0);
     print_message("%s %s: %s", name, flags, split);
     assert_string_equal(split, one);
+}
+
+static void check_same_ids(const char *name, const char *flags, int n_ranks) {
+    check_same_ids_of(name, flags, n_ranks, "5,17,3,250,9,88,1,42,7");
+}
+
+/* A 70-token prompt: its prefill runs as micro-batches through the stages
+ * (forward.c: 16 tokens at least each, up to 2 per stage), the same ids as
+ * one process. */
+static void test_pp_micro_batches_same_ids_as_one_process(void **state) {
+    (void)state;
+    char ids[1024] = "";
+    for (int i = 0; i < 70; i++) {
+        char one[16];
+        snprintf(one, sizeof(one), "%s%d", i ? "," : "", 3 + (i * 37) % 290);
+        strcat(ids, one);
+    }
+    check_same_ids_of("llama-kv4-q8_0", "--pp 2", 2, ids);
+    check_same_ids_of("llama-f32", "--pp 2", 2, ids);
+    check_same_ids_of("llama-kv4-f32", "--tp 2 --pp 2", 4, ids);
+    check_same_ids_of("qwen2-f32", "--tp 2 --pp 2", 4, ids);
 }
 
 static void test_tp_generate_synthetic_same_ids_as_one_process(void **state) {
@@ -547,6 +567,7 @@ int main(void) {
         cmocka_unit_test(test_pp_generate_synthetic_same_ids_as_one_process),
         cmocka_unit_test_teardown(test_pp_serve_completion_matches_one_process, stop_live),
         cmocka_unit_test(test_tpxpp_generate_synthetic_same_ids_as_one_process),
+        cmocka_unit_test(test_pp_micro_batches_same_ids_as_one_process),
         cmocka_unit_test(test_tpxpp_generate_stories260k_prints_reference_ids),
         cmocka_unit_test_teardown(test_tpxpp_serve_completion_matches_one_process, stop_live),
         cmocka_unit_test_teardown(test_tp_serve_completion_matches_one_process, stop_live),
