@@ -40,6 +40,7 @@ void config_init_defaults(struct config *c) {
     c->max_loras = 8;
     c->tp = 1;
     c->pp = 1;
+    c->sp = 1;
     c->log_level = LOG_LEVEL_INFO;
 }
 
@@ -153,9 +154,13 @@ int config_validate(const struct config *c, char *msg, size_t msg_size) {
         snprintf(msg, msg_size, "--block-size: %d is not a power of two", (int)c->block_size);
         return ERR_INVAL;
     }
-    if ((c->tp > 1 || c->pp > 1) && (c->n_loras > 0 || c->allow_runtime_lora)) {
-        snprintf(msg, msg_size, "adapters (--lora, --allow-runtime-lora) under --tp > 1 or "
-                 "--pp > 1 are not supported yet");
+    if (c->sp > 1 && (c->tp > 1 || c->pp > 1)) {
+        snprintf(msg, msg_size, "--sp %d goes with neither --tp nor --pp", (int)c->sp);
+        return ERR_INVAL;
+    }
+    if ((c->tp > 1 || c->pp > 1 || c->sp > 1) && (c->n_loras > 0 || c->allow_runtime_lora)) {
+        snprintf(msg, msg_size, "adapters (--lora, --allow-runtime-lora) under --tp, --pp or "
+                 "--sp > 1 are not supported yet");
         return ERR_INVAL;
     }
     if ((int64_t)c->tp * c->pp > 1024) {

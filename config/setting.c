@@ -84,6 +84,9 @@ const struct setting setting_table[] = {
     {"pp", 0, "pp", SETTING_KIND_I32, OFF(pp), 1, 1024, "N",
      "pipeline parallelism: split the layers into N stages (mpirun -np N; with --tp T, "
      "-np T x N: each stage over T ranks; docs/parallelism.md)"},
+    {"sp", 0, "sp", SETTING_KIND_I32, OFF(sp), 1, 1024, "N",
+     "sequence parallelism: split each step's tokens over the N ranks of mpirun -np N, each "
+     "with the whole model (long prompts; not with --tp, --pp; docs/parallelism.md)"},
     {"max-loras", 0, "max_loras", SETTING_KIND_I32, OFF(max_loras), 0, 256, "N",
      "adapter slots: distinct adapters batched at once (more wait); 0 = no adapters"},
     {"allow-runtime-lora", 0, "allow_runtime_lora", SETTING_KIND_BOOL, OFF(allow_runtime_lora),

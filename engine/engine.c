@@ -66,6 +66,7 @@ void engine_ctx_free(struct engine_ctx *ctx) {
     free(ctx->xo);
     free(ctx->logits);
     free(ctx->logits_part);
+    free(ctx->sp_counts);
     free(ctx->logits_all);
     for (int32_t i = 0; ctx->adapters && i < ctx->params.max_adapters; i++) {
         engine_adapter_release(ctx->adapters[i]);
@@ -187,8 +188,14 @@ static int ctx_alloc(const struct engine_model *m, const struct engine_ctx_param
     ctx->xo = alloc_floats((size_t)prm->max_outputs, (size_t)hp->n_embd, &err);
     // Job rank 0 gets every row of the logits; under TP each stage-0 rank computes its
     // vocabulary rows' part, which rank 0 gathers (model/shard.h).
-    ctx->logits = alloc_floats(shard_gets_logits(sh) ? (size_t)prm->max_outputs : 1,
-                               (size_t)hp->n_vocab, &err);
+    // Under SP every rank computes the logits of its tokens' rows in place.
+    const bool has_logits = shard_gets_logits(sh) || sh->n_sp > 1;
+    ctx->logits = alloc_floats(has_logits ? (size_t)prm->max_outputs : 1, (size_t)hp->n_vocab,
+                               &err);
+    if (sh->n_sp > 1) {
+        ctx->sp_counts = calloc((size_t)sh->n_sp, sizeof(*ctx->sp_counts));
+        if (!ctx->sp_counts) err = ERR_NOMEM;
+    }
     if (sh->size > 1 && shard_has_classifier(sh)) {
         const size_t stride = (size_t)shard_vocab_stride(sh, hp->n_vocab);
         ctx->logits_part = alloc_floats((size_t)prm->max_outputs, stride, &err);

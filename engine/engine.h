@@ -52,8 +52,11 @@ struct engine_model_params {
                          // classifier (engine/model/shard.h, docs/parallelism.md)
     int32_t pp_rank;     // pipeline parallelism: this process's stage, 0 <= pp_rank < pp_size
     int32_t pp_size;     // stages the layers are split over (default 1); each stage keeps a
-                         // contiguous range of layers only (and its KV pool only those);
-                         // today tp_size or pp_size is 1
+                         // contiguous range of layers only (and its KV pool only those)
+    int32_t sp_rank;     // sequence parallelism: this process's rank, 0 <= sp_rank < sp_size
+    int32_t sp_size;     // ranks a step's tokens are split over (default 1); each holds the
+                         // whole model and KV cache and computes its share of the tokens;
+                         // not with tp_size or pp_size > 1
 };
 
 struct engine_model_params engine_model_default_params(void);

@@ -55,6 +55,7 @@ struct generate_opts {
     const char *lora_name;         // --lora-name, or NULL: the only --lora
     int32_t tp;                    // --tp: tensor-parallel ranks (run under mpirun -np N)
     int32_t pp;                    // --pp: pipeline stages (run under mpirun -np N)
+    int32_t n_sp;                  // --sp: sequence-parallel ranks (run under mpirun -np N)
 };
 
 static void generate_usage(FILE *fp) {
@@ -88,6 +89,9 @@ static void generate_usage(FILE *fp) {
             "                            docs/parallelism.md)\n"
             "      --pp N                split the layers into N stages (default 1): mpirun\n"
             "                            -np N, or -np T x N with --tp T\n"
+            "      --sp N                split each step's tokens over N ranks of mpirun -np N,\n"
+            "                            each with the whole model (default 1; not with --tp,\n"
+            "                            --pp)\n"
             "  -b, --batch N             prefill chunk in tokens (default 512)\n"
             "  -c, --ctx N               most tokens, prompt + generated (default: the model's\n"
             "                            context_length); more is an error\n"
@@ -219,7 +223,7 @@ static void write_out(const struct buf *b) {
 }
 
 enum {
-    OPT_PROMPT_IDS = 256, OPT_TP, OPT_PP, OPT_KV_TYPE, OPT_IGNORE_EOS, OPT_LOG_LEVEL, OPT_CHAT, OPT_SYSTEM, OPT_TEMP,
+    OPT_PROMPT_IDS = 256, OPT_TP, OPT_PP, OPT_SP, OPT_KV_TYPE, OPT_IGNORE_EOS, OPT_LOG_LEVEL, OPT_CHAT, OPT_SYSTEM, OPT_TEMP,
     OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_REPEAT, OPT_PRESENCE, OPT_FREQUENCY, OPT_SEED,
     OPT_STOP, OPT_LORA, OPT_LORA_NAME,
 };
@@ -245,6 +249,7 @@ static const struct option long_opts[] = {
     {"threads", required_argument, NULL, 't'},
     {"tp", required_argument, NULL, OPT_TP},
     {"pp", required_argument, NULL, OPT_PP},
+    {"sp", required_argument, NULL, OPT_SP},
     {"ctx", required_argument, NULL, 'c'},
     {"kv-type", required_argument, NULL, OPT_KV_TYPE},
     {"batch", required_argument, NULL, 'b'},
@@ -258,7 +263,7 @@ static const struct option long_opts[] = {
  * exit code: 0 after --help, 2 after a message on stderr. */
 static int parse_opts(int argc, char **argv, struct generate_opts *o) {
     *o = (struct generate_opts){.n_predict = 32, .batch = 512, .kv_type = ENGINE_KV_TYPE_F16,
-                                .tp = 1, .pp = 1};
+                                .tp = 1, .pp = 1, .n_sp = 1};
     o->sp = sampler_default_params();
     o->sp.top_k = 40;
     o->sp.top_p = 0.95f;
@@ -319,6 +324,7 @@ static int parse_opts(int argc, char **argv, struct generate_opts *o) {
         case 't': err = parse_i32(optarg, 1, 1024, &o->n_threads); break;
         case OPT_TP: err = parse_i32(optarg, 1, 1024, &o->tp); break;
         case OPT_PP: err = parse_i32(optarg, 1, 1024, &o->pp); break;
+        case OPT_SP: err = parse_i32(optarg, 1, 1024, &o->n_sp); break;
         case 'b': err = parse_i32(optarg, 1, 1 << 16, &o->batch); break;
         case OPT_IGNORE_EOS: o->ignore_eos = true; break;
         case OPT_LOG_LEVEL: {
@@ -605,8 +611,12 @@ int cmd_generate(int argc, char **argv) {
     const char *lora_path = NULL;
     code = check_opts(&o, &lora_path);
     if (code) return code;
-    if ((o.tp > 1 || o.pp > 1) && o.n_loras > 0) {
-        fprintf(stderr, "generate: --lora under --tp > 1 or --pp > 1 is not supported yet\n");
+    if ((o.tp > 1 || o.pp > 1 || o.n_sp > 1) && o.n_loras > 0) {
+        fprintf(stderr, "generate: --lora under --tp, --pp or --sp > 1 is not supported yet\n");
+        return 2;
+    }
+    if (o.n_sp > 1 && (o.tp > 1 || o.pp > 1)) {
+        fprintf(stderr, "generate: --sp goes with neither --tp nor --pp\n");
         return 2;
     }
     if ((int64_t)o.tp * o.pp > 1024) {
@@ -618,9 +628,9 @@ int cmd_generate(int argc, char **argv) {
     const char *blas_core = kern_blas_init();
     int64_t t0 = clock_mono_ns();
     struct generate_run g = {0};
-    int err = tp_open(o.tp * o.pp, &g.comm);
+    int err = tp_open(o.tp * o.pp * o.n_sp, &g.comm);
     if (err) return 1;
-    err = tp_load_model(g.comm, o.model, o.pp, &g.model);
+    err = tp_load_model(g.comm, o.model, o.pp, o.n_sp, &g.model);
     if (err) {
         fprintf(stderr, "generate: cannot load %s: %s\n", o.model, err_str(err));
         run_free(&g);
@@ -675,8 +685,9 @@ int cmd_generate(int argc, char **argv) {
             (double)t_decode / 1e6, n_gen > 1 ? (n_gen - 1) / ((double)t_decode / 1e9) : 0.0);
     fprintf(stderr, "memory: peak RSS %.1f MiB\n", tp_peak_rss_mib());
     if (g.comm) {
-        fprintf(stderr, "mpi: %d ranks (tp %d, pp %d), rank 0 handed %llu bytes to collectives\n",
-                (int)comm_size(g.comm), (int)o.tp, (int)o.pp,
+        fprintf(stderr,
+                "mpi: %d ranks (tp %d, pp %d, sp %d), rank 0 handed %llu bytes to collectives\n",
+                (int)comm_size(g.comm), (int)o.tp, (int)o.pp, (int)o.n_sp,
                 (unsigned long long)comm_bytes_sent(g.comm));
     }
     code = 0;

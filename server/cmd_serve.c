@@ -243,9 +243,9 @@ int cmd_serve(int argc, char **argv) {
     }
     int64_t t0 = clock_mono_ns();
     // MPI starts threads of its own: after the mask, so they inherit it.
-    err = tp_open(cfg.tp * cfg.pp, &comm);
+    err = tp_open(cfg.tp * cfg.pp * cfg.sp, &comm);
     if (err) goto done;
-    err = tp_load_model(comm, cfg.model_path, cfg.pp, &model);
+    err = tp_load_model(comm, cfg.model_path, cfg.pp, cfg.sp, &model);
     if (err) {
         LOG_ERROR("cannot load model %s: %s", cfg.model_path, err_str(err));
         goto done;

@@ -16,14 +16,20 @@ int tp_open(int32_t n_ranks, struct comm **out) {
     return comm_open(n_ranks, out);
 }
 
-int tp_load_model(struct comm *c, const char *path, int32_t n_stages, struct engine_model **out) {
+int tp_load_model(struct comm *c, const char *path, int32_t n_stages, int32_t n_sp,
+                  struct engine_model **out) {
     struct engine_model_params mp = engine_model_default_params();
     mp.path = path;
     mp.show_progress = comm_rank(c) == 0;  // one bar for the job, not one per rank
-    mp.pp_size = n_stages;
-    mp.tp_size = comm_size(c) / n_stages;
-    mp.pp_rank = comm_rank(c) / mp.tp_size;
-    mp.tp_rank = comm_rank(c) % mp.tp_size;
+    if (n_sp > 1) {
+        mp.sp_size = n_sp;
+        mp.sp_rank = comm_rank(c);
+    } else {
+        mp.pp_size = n_stages;
+        mp.tp_size = comm_size(c) / n_stages;
+        mp.pp_rank = comm_rank(c) / mp.tp_size;
+        mp.tp_rank = comm_rank(c) % mp.tp_size;
+    }
     int err = engine_model_load(&mp, out);
     const int all = comm_agree(c, err);
     if (all && !err) {

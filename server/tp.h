@@ -23,10 +23,12 @@ int tp_open(int32_t n_ranks, struct comm **out);
 
 /* Loads this rank's slice of the model at path (n_stages pipeline stages
  * of comm_size / n_stages tensor-parallel ranks each; rank = stage * TP +
- * TP rank) (all of it with a NULL
+ * TP rank; or, with n_sp > 1, the whole model on each of the n_sp sequence-
+ * parallel ranks) (all of it with a NULL
  * comm; the load's progress shown by rank 0 alone) and agrees with the other ranks: returns 0 only if every rank
  * loaded. *out is owned by the caller (engine_model_free). */
-int tp_load_model(struct comm *c, const char *path, int32_t n_stages, struct engine_model **out);
+int tp_load_model(struct comm *c, const char *path, int32_t n_stages, int32_t n_sp,
+                  struct engine_model **out);
 
 /* Ranks other than 0: creates the ctx (rank 0's limits, n_threads kernel
  * threads here), follows rank 0 until it frees its ctx, frees this one.

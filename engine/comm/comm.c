@@ -102,6 +102,18 @@ void comm_wait_sends(struct comm *c) {
     (void)c;
 }
 
+void comm_allgather_parts(struct comm *c, float *all, const int64_t *counts) {
+    (void)c;
+    (void)all;
+    (void)counts;
+}
+
+void comm_gather_parts(struct comm *c, float *all, const int64_t *counts) {
+    (void)c;
+    (void)all;
+    (void)counts;
+}
+
 void comm_gather(struct comm *c, const void *mine, size_t bytes, void *all) {
     (void)c;
     memcpy(all, mine, bytes);

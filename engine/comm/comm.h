@@ -82,6 +82,16 @@ void comm_send_async(struct comm *c, int32_t to, const float *x, int64_t n);
 /* Waits until every comm_send_async of this rank has been delivered. */
 void comm_wait_sends(struct comm *c);
 
+/* In place, over all of c's ranks: all holds counts[0] floats of rank 0,
+ * then counts[1] of rank 1, and so on; each rank has written its own part,
+ * and afterwards every rank has every part (allgatherv). Each count fits an
+ * int. */
+void comm_allgather_parts(struct comm *c, float *all, const int64_t *counts);
+
+/* As comm_allgather_parts, but only rank 0 receives the parts (gatherv);
+ * the others' all is left as it is. */
+void comm_gather_parts(struct comm *c, float *all, const int64_t *counts);
+
 /* Every rank's `bytes` bytes at mine, in rank order, into all on rank 0
  * ([size][bytes]; all is not touched on the other ranks, and may be NULL
  * there). */

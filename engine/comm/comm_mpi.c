@@ -38,6 +38,8 @@ struct comm {
     MPI_Request *sends;      // [cap_sends] comm_send_async's requests not yet waited for
     int n_sends;
     int cap_sends;
+    int *part_counts;        // [size] scratch of the *_parts collectives (or NULL)
+    int *part_displs;        // [size]
 };
 
 /* Counts n payload bytes sent on c and on the comm it was split from. */
@@ -120,6 +122,8 @@ void comm_close(struct comm *c) {
     if (!c) return;
     if (c->n_sends > 0) comm_wait_sends(c);
     free(c->sends);
+    free(c->part_counts);
+    free(c->part_displs);
     if (c->is_split) MPI_Comm_free(&c->mc);
     if (c->is_finalize_owned) MPI_Finalize();
     free(c);
@@ -227,6 +231,43 @@ void comm_wait_sends(struct comm *c) {
     if (!c || c->n_sends == 0) return;
     MPI_Waitall(c->n_sends, c->sends, MPI_STATUSES_IGNORE);
     c->n_sends = 0;
+}
+
+/* counts as ints, and their displacements, in the comm's scratch; the total. */
+static int64_t parts_layout(struct comm *c, const int64_t *counts) {
+    if (!c->part_counts) {
+        c->part_counts = xcalloc((size_t)c->size, sizeof(int));
+        c->part_displs = xcalloc((size_t)c->size, sizeof(int));
+    }
+    int64_t total = 0;
+    for (int32_t r = 0; r < c->size; r++) {
+        ASSERT(counts[r] >= 0 && counts[r] <= INT_MAX && total <= INT_MAX);
+        c->part_counts[r] = (int)counts[r];
+        c->part_displs[r] = (int)total;
+        total += counts[r];
+    }
+    return total;
+}
+
+void comm_allgather_parts(struct comm *c, float *all, const int64_t *counts) {
+    if (!c || c->size == 1) return;
+    parts_layout(c, counts);
+    MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, all, c->part_counts, c->part_displs,
+                   MPI_FLOAT, c->mc);
+    count_sent(c, (uint64_t)counts[c->rank] * sizeof(float));
+}
+
+void comm_gather_parts(struct comm *c, float *all, const int64_t *counts) {
+    if (!c || c->size == 1) return;
+    parts_layout(c, counts);
+    if (c->rank == 0) {
+        MPI_Gatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, all, c->part_counts, c->part_displs,
+                    MPI_FLOAT, 0, c->mc);
+    } else {
+        MPI_Gatherv(all + c->part_displs[c->rank], c->part_counts[c->rank], MPI_FLOAT, NULL,
+                    NULL, NULL, MPI_FLOAT, 0, c->mc);
+        count_sent(c, (uint64_t)counts[c->rank] * sizeof(float));
+    }
 }
 
 void comm_gather(struct comm *c, const void *mine, size_t bytes, void *all) {

@@ -60,6 +60,9 @@ struct engine_ctx {
     float *logits_all;        // [TP][max_outputs][vocab stride] job rank 0 at TP > 1: every
                               //   stage-0 rank's logits_part, gathered; else NULL
 
+    int64_t *sp_counts;       // [SP ranks] sequence parallelism: floats of each rank's part
+                              //   of a shared collective (forward.c); else NULL
+
     // Adapters (engine/lora.h); all NULL/empty when params.max_adapters is 0.
     struct engine_adapter **adapters;  // [max_adapters] slots: an owned reference or NULL
     struct adapter_batch ab;           // this batch's adapter tokens and scratch (owned)

@@ -92,10 +92,22 @@ static void kv_write(const struct kv_store *kv, int32_t il, const struct engine_
     }
 }
 
-/* The decoder layers of this stage over batch b (a whole batch, or one
- * micro-batch of it), on its residual stream x [T][E] in place; ctx's
- * scratch from its first row. */
-static void run_layers(struct engine_ctx *ctx, const struct engine_batch *b, float *x) {
+/* Sequence parallelism: every SP rank's K and V rows of a layer, each computed
+ * by its rank at its place in ctx->k and ctx->v ([T][KV] in the step's token
+ * order), shared with all, then written into this rank's KV pool: every rank
+ * keeps the whole KV cache, so each attends its own queries to all of it. */
+static void sp_share_kv(struct engine_ctx *ctx, const struct engine_batch *full, int32_t kl) {
+    comm_allgather_parts(ctx->comm, ctx->k, ctx->sp_counts);
+    comm_allgather_parts(ctx->comm, ctx->v, ctx->sp_counts);
+    kv_write(&ctx->kv, kl, full, ctx->k, ctx->v);
+}
+
+/* The decoder layers of this stage over batch b (a whole batch, one
+ * micro-batch of it, or an SP rank's share: tokens [t0, t0 + T) of full),
+ * on its residual stream x [T][E] in place; ctx's scratch from its first
+ * row (K and V: at row t0 under SP, for sp_share_kv). */
+static void run_layers(struct engine_ctx *ctx, const struct engine_batch *full,
+                       const struct engine_batch *b, int32_t t0, bool is_sp, float *x) {
     const struct engine_model *m = ctx->model;
     const struct hparams *hp = &m->hp;
     const int32_t T = b->n_tokens;
@@ -112,6 +124,8 @@ static void run_layers(struct engine_ctx *ctx, const struct engine_batch *b, flo
     const struct shard *sh = &m->shard;
     struct comm *tp = ctx->tp_group;  // the allreduces' ranks: this stage's TP ranks
     const int64_t n_x = (int64_t)T * n_embd;
+    float *k = ctx->k + (is_sp ? (size_t)t0 * n_head_kv * head_dim : 0);  // [T][KV]
+    float *v = ctx->v + (is_sp ? (size_t)t0 * n_head_kv * head_dim : 0);
 
     // RoPE angles per token, shared by every layer                       [T][n_rot/2]
     for (int32_t t = 0; t < T; t++) {
@@ -152,26 +166,30 @@ static void run_layers(struct engine_ctx *ctx, const struct engine_batch *b, flo
     for (int32_t il = sh->layer0; il < sh->layer0 + sh->n_layer; il++) {
         const struct layer *L = &m->layers[il];
         const int32_t kl = il - sh->layer0;  // the layer in this stage's KV pool
+        if (T == 0) {  // an SP rank with no token in this step: it takes the others' K/V
+            sp_share_kv(ctx, full, kl);
+            continue;
+        }
 
         // Attention norm                                                  [T][E]
         rmsnorm_rows(ctx->xb, x, L->attn_norm, T, n_embd, hp->norm_eps);
 
         // Q, K, V projections (+ bias for qwen2)                  [T][Q], [T][KV]
         kern_matmul(pool, ks, L->wq, ctx->xb, T, ctx->q);
-        kern_matmul(pool, ks, L->wk, ctx->xb, T, ctx->k);
-        kern_matmul(pool, ks, L->wv, ctx->xb, T, ctx->v);
+        kern_matmul(pool, ks, L->wk, ctx->xb, T, k);
+        kern_matmul(pool, ks, L->wv, ctx->xb, T, v);
         const struct adapter_target qkv[3] = {{ADAPTER_PROJ_Q, ctx->q, n_q},
-                                              {ADAPTER_PROJ_K, ctx->k, n_kv},
-                                              {ADAPTER_PROJ_V, ctx->v, n_kv}};
+                                              {ADAPTER_PROJ_K, k, n_kv},
+                                              {ADAPTER_PROJ_V, v, n_kv}};
         adapter_apply_lora(pool, ab, il, ctx->xb, n_embd, qkv, 3);       // + B (s A ctx->xb)
         if (L->bq) add_bias(ctx->q, L->bq, T, n_q);
-        if (L->bk) add_bias(ctx->k, L->bk, T, n_kv);
-        if (L->bv) add_bias(ctx->v, L->bv, T, n_kv);
+        if (L->bk) add_bias(k, L->bk, T, n_kv);
+        if (L->bv) add_bias(v, L->bv, T, n_kv);
 
         // Per-head RMSNorm of q and k (qwen3)                 [T * n_head][head_dim]
         if (L->q_norm) {
             rmsnorm_rows(ctx->q, ctx->q, L->q_norm, (int64_t)T * n_head, head_dim, hp->norm_eps);
-            rmsnorm_rows(ctx->k, ctx->k, L->k_norm, (int64_t)T * n_head_kv, head_dim,
+            rmsnorm_rows(k, k, L->k_norm, (int64_t)T * n_head_kv, head_dim,
                          hp->norm_eps);
         }
 
@@ -180,12 +198,13 @@ static void run_layers(struct engine_ctx *ctx, const struct engine_batch *b, flo
             const float *c = ctx->rope_cos + (size_t)t * n_pairs;
             const float *s = ctx->rope_sin + (size_t)t * n_pairs;
             rope_apply(ctx->q + (size_t)t * n_q, n_head, head_dim, hp->n_rot, c, s, m->arch->rope);
-            rope_apply(ctx->k + (size_t)t * n_kv, n_head_kv, head_dim, hp->n_rot, c, s,
+            rope_apply(k + (size_t)t * n_kv, n_head_kv, head_dim, hp->n_rot, c, s,
                        m->arch->rope);
         }
 
         // Write K/V into the sequences' blocks, then attend through the block tables
-        kv_write(&ctx->kv, kl, b, ctx->k, ctx->v);
+        if (is_sp) sp_share_kv(ctx, full, kl);
+        else kv_write(&ctx->kv, kl, b, k, v);
         att.layer = kl;
         attention_run(pool, &att);                                       // [T][Q]
 
@@ -251,6 +270,9 @@ static int32_t n_micro_batches(const struct shard *sh, int32_t T) {
     return n < 1 ? 1 : n;
 }
 
+/* Sequence parallelism splits a step of at least this many tokens per rank. */
+#define FORWARD_SP_TOKENS 16
+
 /* Tokens [t0, t1) of b, a batch of their own over the same sequences. */
 static struct engine_batch sub_batch(const struct engine_batch *b, int32_t t0, int32_t t1) {
     struct engine_batch mb = *b;
@@ -277,18 +299,33 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
     // comes from the stage before (stage 0 embeds it), runs this stage's layers and
     // goes on to the next stage; the last stage sends it back to stage 0 (same TP rank)
     // without waiting, so stage 0 can go on sending the next one forward.    [T][E]
+    // Sequence parallelism instead: this rank's share of the tokens, [s0, s1), one
+    // batch, its residual stream from x's first row; the K/V of each layer's tokens
+    // shared by all (sp_share_kv).
+    // A step too small to be worth it (a decode) runs whole on every SP rank instead,
+    // with no collective at all: the same kernels give every rank the same KV.
+    const bool is_sp = sh->n_sp > 1 && T >= sh->n_sp * FORWARD_SP_TOKENS;
+    int32_t s0 = 0, s1 = T;
+    if (is_sp) {
+        s0 = shard_sp_first(sh, T, sh->sp_rank);
+        s1 = shard_sp_first(sh, T, sh->sp_rank + 1);
+        const int64_t n_kv = (int64_t)sh->n_head_kv * hp->head_dim;
+        for (int32_t r = 0; r < sh->n_sp; r++) {
+            ctx->sp_counts[r] = (shard_sp_first(sh, T, r + 1) - shard_sp_first(sh, T, r)) * n_kv;
+        }
+    }
     const int32_t n_mb = n_micro_batches(sh, T);
     const int32_t me = shard_job_rank(sh);
     const bool is_last = sh->stage == sh->n_stages - 1;
     for (int32_t k = 0; k < n_mb; k++) {
-        const int32_t t0 = (int32_t)((int64_t)T * k / n_mb);
-        const int32_t t1 = (int32_t)((int64_t)T * (k + 1) / n_mb);
+        const int32_t t0 = s0 + (int32_t)((int64_t)(s1 - s0) * k / n_mb);
+        const int32_t t1 = s0 + (int32_t)((int64_t)(s1 - s0) * (k + 1) / n_mb);
         const struct engine_batch mb = sub_batch(b, t0, t1);
-        float *x = ctx->x + (size_t)t0 * n_embd;
+        float *x = ctx->x + (size_t)(t0 - s0) * n_embd;
         const int64_t n_x = (int64_t)(t1 - t0) * n_embd;
         if (sh->stage > 0) comm_recv(ctx->comm, me - sh->size, x, n_x);
         else embed(ctx, &mb, x);
-        run_layers(ctx, &mb, x);
+        run_layers(ctx, b, &mb, t0, is_sp, x);
         if (sh->n_stages == 1) continue;
         if (!is_last) comm_send(ctx->comm, me + sh->size, x, n_x);
         else comm_send_async(ctx->comm, sh->rank, x, n_x);
@@ -305,12 +342,32 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
 
     // Final norm of the rows that want logits, then the classifier (stage 0)  [n_out][vocab]
     if (!shard_has_classifier(sh)) return;
+    if (sh->n_sp > 1 && !is_sp && !shard_gets_logits(sh)) return;  // replicated: rank 0's
     int32_t n_out = 0;
-    for (int32_t t = 0; t < T; t++) {
+    for (int32_t t = s0; t < s1; t++) {
         if (!b->output[t]) continue;
-        rmsnorm_rows(ctx->xo + (size_t)n_out * n_embd, ctx->x + (size_t)t * n_embd, m->output_norm,
-                     1, n_embd, hp->norm_eps);
+        rmsnorm_rows(ctx->xo + (size_t)n_out * n_embd, ctx->x + (size_t)(t - s0) * n_embd,
+                     m->output_norm, 1, n_embd, hp->norm_eps);
         n_out++;
+    }
+    if (is_sp) {
+        // SP: this rank's rows of the logits at their place in the step's outputs, then
+        // every rank's rows gathered on rank 0                            [n_out][vocab]
+        const int64_t n_vocab = hp->n_vocab;
+        int32_t before = 0;  // outputs of the ranks before this one
+        for (int32_t r = 0; r < sh->n_sp; r++) {
+            const int32_t r0 = shard_sp_first(sh, T, r), r1 = shard_sp_first(sh, T, r + 1);
+            int32_t n_r = 0;
+            for (int32_t t = r0; t < r1; t++) n_r += b->output[t] != 0;
+            if (r < sh->sp_rank) before += n_r;
+            ctx->sp_counts[r] = n_r * n_vocab;
+        }
+        if (n_out > 0) {
+            kern_matmul(pool, ks, m->output, ctx->xo, n_out,
+                        ctx->logits + (size_t)before * n_vocab);
+        }
+        comm_gather_parts(ctx->comm, ctx->logits, ctx->sp_counts);
+        return;
     }
     ASSERT(n_out == n_outputs);
     if (n_out == 0) return;

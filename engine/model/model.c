@@ -423,6 +423,8 @@ static int shard_layers(struct loader *ld, const struct engine_model_params *p) 
                          m->layers[0].ffn_down->type, &m->shard);
     if (!err) err = shard_plan_stage(ld->path, p->pp_rank, p->pp_size, hp->n_layer, &m->shard);
     if (!err) shard_plan_vocab(hp->n_vocab, &m->shard);  // at TP 1: every row at stage 0
+    m->shard.sp_rank = p->sp_rank;
+    m->shard.n_sp = p->sp_size;
     if (err || size == 1) return err;
     if (m->shard.stage == 0) {
         // The embedding's and the classifier's rows of this rank (one tensor when tied).
@@ -640,7 +642,7 @@ static int load_meta(struct loader *ld) {
 struct engine_model_params engine_model_default_params(void) {
     return (struct engine_model_params){
         .path = NULL, .show_progress = false, .tp_rank = 0, .tp_size = 1, .pp_rank = 0,
-        .pp_size = 1};
+        .pp_size = 1, .sp_rank = 0, .sp_size = 1};
 }
 
 void engine_model_free(struct engine_model *m) {
@@ -686,9 +688,12 @@ int engine_model_load(const struct engine_model_params *p, struct engine_model *
     atomic_init(m->next_adapter_id, 1);
     int err = ERR_INVAL;
     if (p->tp_size < 1 || p->tp_rank < 0 || p->tp_rank >= p->tp_size || p->pp_size < 1 ||
-        p->pp_rank < 0 || p->pp_rank >= p->pp_size) {
-        LOG_ERROR("%s: tensor-parallel rank %d of %d, pipeline stage %d of %d is not a rank",
-                  p->path, p->tp_rank, p->tp_size, p->pp_rank, p->pp_size);
+        p->pp_rank < 0 || p->pp_rank >= p->pp_size || p->sp_size < 1 || p->sp_rank < 0 ||
+        p->sp_rank >= p->sp_size || (p->sp_size > 1 && (p->tp_size > 1 || p->pp_size > 1))) {
+        LOG_ERROR("%s: tensor-parallel rank %d of %d, pipeline stage %d of %d, sequence-parallel "
+                  "rank %d of %d is not a rank (SP goes with neither TP nor PP)",
+                  p->path, p->tp_rank, p->tp_size, p->pp_rank, p->pp_size, p->sp_rank,
+                  p->sp_size);
         goto fail;
     }
     // The header now, tensor data as the slices this rank needs are known.

@@ -56,15 +56,26 @@ struct shard {
     int32_t n_stages;   // PP stages; 1: every layer here
     int32_t layer0;     // first layer of this stage
     int32_t n_layer;    // layers of this stage (all of them at PP 1)
+    int32_t sp_rank;    // sequence parallelism: this rank's share of a step's tokens
+    int32_t n_sp;       // SP ranks; 1: every token here (SP is never combined with TP, PP)
     int32_t vocab0;     // first vocabulary row of its embedding and classifier slice
     int32_t n_vocab;    // rows of that slice: all at TP 1, 0 on stages after the first
 };
 
-/* The job's rank of this slice, and the job's size (stages x TP ranks). */
+/* The job's rank of this slice, and the job's size (stages x TP ranks, or
+ * SP ranks). */
 static inline int32_t shard_job_rank(const struct shard *sh) {
-    return sh->stage * sh->size + sh->rank;
+    return sh->n_sp > 1 ? sh->sp_rank : sh->stage * sh->size + sh->rank;
 }
-static inline int32_t shard_job_size(const struct shard *sh) { return sh->n_stages * sh->size; }
+static inline int32_t shard_job_size(const struct shard *sh) {
+    return sh->n_sp > 1 ? sh->n_sp : sh->n_stages * sh->size;
+}
+
+/* Sequence parallelism: the first of a T-token step's tokens that SP rank r
+ * computes (r = n_sp: T); rank r computes [first(r), first(r + 1)). */
+static inline int32_t shard_sp_first(const struct shard *sh, int32_t T, int32_t r) {
+    return (int32_t)((int64_t)T * r / sh->n_sp);
+}
 
 /* Whether this slice embeds tokens and runs the final norm and its rows of
  * the classifier: the ranks of stage 0. */

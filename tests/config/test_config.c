@@ -122,6 +122,15 @@ static void test_config_cross_field_rules(void **state) {
     assert_int_equal(load(&c, msg, 7, a7), ERR_INVAL);
     assert_non_null(strstr(msg, "over 1024 ranks"));
     config_deinit(&c);
+    // Sequence parallelism: alone, never with TP or PP.
+    char *a8[] = {"serve", "-m", "x", "--sp", "2", NULL};
+    assert_int_equal(load(&c, msg, 5, a8), 0);
+    assert_int_equal(c.sp, 2);
+    config_deinit(&c);
+    char *a9[] = {"serve", "-m", "x", "--sp", "2", "--tp", "2", NULL};
+    assert_int_equal(load(&c, msg, 7, a9), ERR_INVAL);
+    assert_non_null(strstr(msg, "--sp 2 goes with neither --tp nor --pp"));
+    config_deinit(&c);
 }
 
 static void test_config_help_sets_show_help(void **state) {

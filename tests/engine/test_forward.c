@@ -16,7 +16,9 @@
  * ranks which to do (a job, broadcast), so they follow it step by step.
  * Models whose kv heads N does not divide are skipped, saying so.
  * `--pp M` splits the layers into M pipeline stages as well (the job has
- * TP x PP ranks, stage-major): meson runs --pp 2 and --tp 2 --pp 2.
+ * TP x PP ranks, stage-major): meson runs --pp 2 and --tp 2 --pp 2. `--sp N`
+ * splits each step's tokens over N ranks instead (sequence parallelism):
+ * meson runs --sp 2 and --sp 4.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -47,6 +49,7 @@ struct job {
 static struct comm *tp_comm;
 static int32_t n_tp = 1;
 static int32_t n_pp = 1;
+static int32_t n_sp = 1;  // --sp: sequence parallelism instead (the whole model on each rank)
 // The ctx a test has open, freed by the teardown when an assertion fails in
 // the middle, so that the other ranks return from engine_follow() and the job
 // fails instead of hanging.
@@ -75,6 +78,11 @@ static int load_model(const char *name, struct engine_model **out) {
     mp.tp_size = n_tp;
     mp.pp_rank = comm_rank(tp_comm) / n_tp;
     mp.pp_size = n_pp;
+    if (n_sp > 1) {
+        mp.tp_rank = mp.pp_rank = 0;
+        mp.sp_rank = comm_rank(tp_comm);
+        mp.sp_size = n_sp;
+    }
     return comm_agree(tp_comm, engine_model_load(&mp, out));
 }
 
@@ -489,9 +497,10 @@ int main(int argc, char **argv) {
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--tp") == 0) n_tp = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--pp") == 0) n_pp = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--sp") == 0) n_sp = atoi(argv[i + 1]);
     }
-    if (n_tp < 1 || n_pp < 1) return 2;
-    const int32_t n_ranks = n_tp * n_pp;
+    if (n_tp < 1 || n_pp < 1 || n_sp < 1 || (n_sp > 1 && n_tp * n_pp > 1)) return 2;
+    const int32_t n_ranks = n_tp * n_pp * n_sp;
     if (n_ranks > 1 && comm_open(n_ranks, &tp_comm) != 0) return 1;
     if (comm_rank(tp_comm) > 0) {
         const int rc = follow();

@@ -118,6 +118,88 @@ static void check_same_ids(const char *name, const char *flags, int n_ranks) {
     check_same_ids_of(name, flags, n_ranks, "5,17,3,250,9,88,1,42,7");
 }
 
+/* Sequence parallelism: a 70-token prompt's prefill split over 2 and 4 ranks
+ * (forward.c: at least 16 tokens per rank; the K/V of every layer shared),
+ * its decode steps run whole on every rank: the same ids as one process.
+ * And stories260K's README ids at SP 2 (a 1-token prompt: never split). */
+static void test_sp_generate_same_ids_as_one_process(void **state) {
+    (void)state;
+    char ids[1024] = "";
+    for (int i = 0; i < 70; i++) {
+        char one[16];
+        snprintf(one, sizeof(one), "%s%d", i ? "," : "", 3 + (i * 37) % 290);
+        strcat(ids, one);
+    }
+    check_same_ids_of("llama-kv4-q8_0", "--sp 2", 2, ids);
+    check_same_ids_of("llama-f32", "--sp 2", 2, ids);
+    check_same_ids_of("qwen2-f32", "--sp 4", 4, ids);
+    check_same_ids_of("llama-swa", "--sp 4", 4, ids);  // sliding window over shared K/V
+    check_same_ids("llama-f32", "--sp 2", 2);          // 9 tokens: run whole on each rank
+    const char *model = stories_or_skip();
+    char cmd[8192], out[4096];
+    snprintf(cmd, sizeof(cmd), "%s -np 2 %s generate -m %s --prompt-ids 1 -n 31 -t 1 --sp 2",
+             mpirun(), httptest_bin(), model);
+    assert_int_equal(run(cmd, out, sizeof(out)), 0);
+    assert_string_equal(out,
+                        "403 407 261 378 432 383 286 261 376 298 315 421 395 317 426 338 401 "
+                        "396 267 337 410 408 419 292 411 322 265 282 295 433 426\n");
+}
+
+/* serve --sp 2: the README's greedy completion text of a prompt long enough
+ * to be split (the story's first 40 or so tokens as the prompt, then its
+ * continuation), and both ranks report. */
+static void test_sp_serve_completion_matches_one_process(void **state) {
+    (void)state;
+    const char *model = stories_or_skip();
+    char launch[2048];
+    snprintf(launch, sizeof(launch), "%s -np 2", mpirun());
+    setenv("LLMSERVE_LAUNCH", launch, 1);
+    struct httptest_server s;
+    httptest_start(&s, model, "--sp 2");
+    live = &s;
+    unsetenv("LLMSERVE_LAUNCH");
+    struct httptest_resp r;
+    assert_int_equal(httptest_request(s.port, "POST", "/v1/completions", NULL,
+                                      "{\"prompt\": \"Once upon a time\", \"max_tokens\": 30, "
+                                      "\"temperature\": 0}",
+                                      &r),
+                     200);
+    char *text = httptest_json_str(r.body, "text");
+    assert_non_null(text);
+    assert_string_equal(text,
+                        ", there was a little girl named Lily. She loved to play outside "
+                        "in the park. One day,");
+    free(text);
+    httptest_resp_free(&r);
+    // The same text as a prompt of 33 tokens or more (split over the 2 ranks): the one
+    // process's continuation of it, asked of a plain `generate` here.
+    const char *longp = "Once upon a time, there was a little girl named Lily. She loved to "
+                        "play outside in the park. One day,";
+    char cmd[8192], want[4096];
+    snprintf(cmd, sizeof(cmd), "%s generate -m %s -p '%s' -n 20 --temp 0 -t 1 2>/dev/null",
+             httptest_bin(), model, longp);
+    assert_int_equal(run(cmd, want, sizeof(want)), 0);
+    size_t n_want = strlen(want);
+    if (n_want > 0 && want[n_want - 1] == '\n') want[n_want - 1] = '\0';  // generate's own
+    char body[1024];
+    snprintf(body, sizeof(body),
+             "{\"prompt\": \"%s\", \"max_tokens\": 20, \"temperature\": 0}", longp);
+    assert_int_equal(httptest_request(s.port, "POST", "/v1/completions", NULL, body, &r), 200);
+    const long long n_prompt = httptest_json_int(r.body, "prompt_tokens", -1);
+    print_message("sp 2: a %lld-token prompt\n", n_prompt);
+    assert_true(n_prompt >= 32);
+    text = httptest_json_str(r.body, "text");
+    assert_non_null(text);
+    assert_string_equal(text, want);
+    free(text);
+    httptest_resp_free(&r);
+    assert_int_equal(httptest_request(s.port, "GET", "/health", NULL, NULL, &r), 200);
+    assert_true(httptest_json_int(r.body, "n_ranks", 0) == 2);
+    httptest_resp_free(&r);
+    live = NULL;
+    httptest_stop(&s, SIGTERM);
+}
+
 /* A 70-token prompt: its prefill runs as micro-batches through the stages
  * (forward.c: 16 tokens at least each, up to 2 per stage), the same ids as
  * one process. */
@@ -568,6 +650,8 @@ int main(void) {
         cmocka_unit_test_teardown(test_pp_serve_completion_matches_one_process, stop_live),
         cmocka_unit_test(test_tpxpp_generate_synthetic_same_ids_as_one_process),
         cmocka_unit_test(test_pp_micro_batches_same_ids_as_one_process),
+        cmocka_unit_test(test_sp_generate_same_ids_as_one_process),
+        cmocka_unit_test_teardown(test_sp_serve_completion_matches_one_process, stop_live),
         cmocka_unit_test(test_tpxpp_generate_stories260k_prints_reference_ids),
         cmocka_unit_test_teardown(test_tpxpp_serve_completion_matches_one_process, stop_live),
         cmocka_unit_test_teardown(test_tp_serve_completion_matches_one_process, stop_live),
