@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -183,6 +184,16 @@ int lora_path_open(const struct lora_path_root *root, const char *checked, int *
                  "'lora_path' %.200s is neither a directory (PEFT, bottleneck) nor a file (GGUF)",
                  checked);
         return ERR_INVAL;
+    }
+    if (S_ISREG(st.st_mode) && st.st_nlink > 1) {
+        // Another name for the same file may be anywhere on the file system: a hard link
+        // made in the directory to a file outside it cannot be told from one inside, so
+        // none is taken (the files of a download or a copy have one name).
+        close(cur);
+        snprintf(msg, msg_size,
+                 "'lora_path' %.200s has %ju hard links; only a file with one name is loaded",
+                 checked, (uintmax_t)st.st_nlink);
+        return ERR_PERM;
     }
     int fl = fcntl(cur, F_GETFL);
     if (fl >= 0) fcntl(cur, F_SETFL, fl & ~O_NONBLOCK);

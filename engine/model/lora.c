@@ -240,6 +240,15 @@ static int open_in_dir(const struct load_src *src, const char *file, char *path,
         LOG_ERROR("%s: cannot open %s: %s", __func__, path, strerror(errno));
         return ERR_IO;
     }
+    // Confined (a runtime load): a file with another name may be a hard link to a file
+    // outside the directory, which nothing here can tell from one inside.
+    struct stat st;
+    if (src->is_no_symlinks && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink > 1) {
+        LOG_ERROR("%s: %s has %ju hard links; only a file with one name is loaded here",
+                  __func__, path, (uintmax_t)st.st_nlink);
+        close(fd);
+        return ERR_PERM;
+    }
     *out_fd = fd;
     return 0;
 }

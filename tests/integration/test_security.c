@@ -107,6 +107,17 @@ static void make_tree(void) {
     copy_file(model_file("llama-peft/adapter_model.safetensors"),
               at("loras/peft-fifo/adapter_model.safetensors"));
     assert_int_equal(mkfifo(at("loras/fifo.gguf"), 0644), 0);
+    // Hard links made inside to files outside: the file itself, and a PEFT directory's
+    // weights (one directory tree, one file system, so link() works here)
+    assert_int_equal(link(at("loras-old/c.gguf"), at("loras/hard.gguf")), 0);
+    assert_int_equal(mkdir(at("loras/peft-hard"), 0755), 0);
+    copy_file(model_file("llama-peft/adapter_config.json"),
+              at("loras/peft-hard/adapter_config.json"));
+    // (to a copy outside: a link to tests/models' own file would give it two names
+    // while other tests load it at run time)
+    copy_file(model_file("llama-peft/adapter_model.safetensors"), at("loras-old/peft.st"));
+    assert_int_equal(link(at("loras-old/peft.st"), at("loras/peft-hard/adapter_model.safetensors")),
+                     0);
 }
 
 static void remove_tree(void) {
@@ -179,6 +190,10 @@ static void test_security_lora_dir_confines_runtime_loads(void **state) {
     load(s.port, "x13", "fifo.gguf", 400, invalid);
     load(s.port, "x14", "peft-fifo", 400, invalid);
     load(s.port, "p2", "peft", 200, NULL);
+    // A hard link to a file outside is that file under a name inside: refused, as is
+    // every file of more than one name.
+    load(s.port, "x15", "hard.gguf", 403, forbidden);
+    load(s.port, "x16", "peft-hard", 403, forbidden);
     // The names refused are not listed; the loaded ones serve requests.
     struct httptest_resp r;
     httptest_request(s.port, "GET", "/v1/models", "Authorization: Bearer " KEY "\r\n", NULL, &r);
