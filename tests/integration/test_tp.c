@@ -63,6 +63,39 @@ static int stop_live(void **state) {
     return 0;
 }
 
+/* serve on model under `mpirun -np n_ranks` with flags (the split); the
+ * teardown stop_live stops it if the test fails first. */
+static void start_job(struct httptest_server *s, const char *model, int n_ranks,
+                      const char *flags) {
+    char launch[2048];
+    snprintf(launch, sizeof(launch), "%s -np %d", mpirun(), n_ranks);
+    setenv("LLMSERVE_LAUNCH", launch, 1);
+    httptest_start(s, model, flags);
+    live = s;
+    unsetenv("LLMSERVE_LAUNCH");
+}
+
+/* The README's greedy completion of "Once upon a time" (the single-process
+ * `generate -p "Once upon a time" -n 30 --temp 0`); returns its prompt tokens. */
+static long long check_readme_completion(int port) {
+    struct httptest_resp r;
+    assert_int_equal(httptest_request(port, "POST", "/v1/completions", NULL,
+                                      "{\"prompt\": \"Once upon a time\", \"max_tokens\": 30, "
+                                      "\"temperature\": 0}",
+                                      &r),
+                     200);
+    char *text = httptest_json_str(r.body, "text");
+    assert_non_null(text);
+    assert_string_equal(text,
+                        ", there was a little girl named Lily. She loved to play outside "
+                        "in the park. One day,");
+    free(text);
+    const long long n_prompt = httptest_json_int(r.body, "prompt_tokens", -1);
+    assert_true(n_prompt > 0);
+    httptest_resp_free(&r);
+    return n_prompt;
+}
+
 /* ../shared/models/README.md, section A: the greedy continuation of [BOS],
  * at TP 2 and 4 (stories260K has 4 kv heads). */
 static void test_tp_generate_stories260k_prints_reference_ids(void **state) {
@@ -118,18 +151,23 @@ static void check_same_ids(const char *name, const char *flags, int n_ranks) {
     check_same_ids_of(name, flags, n_ranks, "5,17,3,250,9,88,1,42,7");
 }
 
+/* A 70-token prompt as comma-separated ids, into ids (size >= 400). */
+static void long_prompt_ids(char *ids, size_t size) {
+    size_t n = 0;
+    for (int i = 0; i < 70; i++) {
+        n += (size_t)snprintf(ids + n, size - n, "%s%d", i ? "," : "", 3 + (i * 37) % 290);
+        assert_true(n < size);
+    }
+}
+
 /* Sequence parallelism: a 70-token prompt's prefill split over 2 and 4 ranks
  * (forward.c: at least 16 tokens per rank; the K/V of every layer shared),
  * its decode steps run whole on every rank: the same ids as one process.
  * And stories260K's README ids at SP 2 (a 1-token prompt: never split). */
 static void test_sp_generate_same_ids_as_one_process(void **state) {
     (void)state;
-    char ids[1024] = "";
-    for (int i = 0; i < 70; i++) {
-        char one[16];
-        snprintf(one, sizeof(one), "%s%d", i ? "," : "", 3 + (i * 37) % 290);
-        strcat(ids, one);
-    }
+    char ids[1024];
+    long_prompt_ids(ids, sizeof(ids));
     check_same_ids_of("llama-kv4-q8_0", "--sp 2", 2, ids);
     check_same_ids_of("llama-f32", "--sp 2", 2, ids);
     check_same_ids_of("qwen2-f32", "--sp 4", 4, ids);
@@ -151,26 +189,10 @@ static void test_sp_generate_same_ids_as_one_process(void **state) {
 static void test_sp_serve_completion_matches_one_process(void **state) {
     (void)state;
     const char *model = stories_or_skip();
-    char launch[2048];
-    snprintf(launch, sizeof(launch), "%s -np 2", mpirun());
-    setenv("LLMSERVE_LAUNCH", launch, 1);
     struct httptest_server s;
-    httptest_start(&s, model, "--sp 2");
-    live = &s;
-    unsetenv("LLMSERVE_LAUNCH");
+    start_job(&s, model, 2, "--sp 2");
     struct httptest_resp r;
-    assert_int_equal(httptest_request(s.port, "POST", "/v1/completions", NULL,
-                                      "{\"prompt\": \"Once upon a time\", \"max_tokens\": 30, "
-                                      "\"temperature\": 0}",
-                                      &r),
-                     200);
-    char *text = httptest_json_str(r.body, "text");
-    assert_non_null(text);
-    assert_string_equal(text,
-                        ", there was a little girl named Lily. She loved to play outside "
-                        "in the park. One day,");
-    free(text);
-    httptest_resp_free(&r);
+    check_readme_completion(s.port);
     // The same text as a prompt of 33 tokens or more (split over the 2 ranks): the one
     // process's continuation of it, asked of a plain `generate` here.
     const char *longp = "Once upon a time, there was a little girl named Lily. She loved to "
@@ -188,7 +210,7 @@ static void test_sp_serve_completion_matches_one_process(void **state) {
     const long long n_prompt = httptest_json_int(r.body, "prompt_tokens", -1);
     print_message("sp 2: a %lld-token prompt\n", n_prompt);
     assert_true(n_prompt >= 32);
-    text = httptest_json_str(r.body, "text");
+    char *text = httptest_json_str(r.body, "text");
     assert_non_null(text);
     assert_string_equal(text, want);
     free(text);
@@ -205,12 +227,8 @@ static void test_sp_serve_completion_matches_one_process(void **state) {
  * one process. */
 static void test_pp_micro_batches_same_ids_as_one_process(void **state) {
     (void)state;
-    char ids[1024] = "";
-    for (int i = 0; i < 70; i++) {
-        char one[16];
-        snprintf(one, sizeof(one), "%s%d", i ? "," : "", 3 + (i * 37) % 290);
-        strcat(ids, one);
-    }
+    char ids[1024];
+    long_prompt_ids(ids, sizeof(ids));
     check_same_ids_of("llama-kv4-q8_0", "--pp 2", 2, ids);
     check_same_ids_of("llama-f32", "--pp 2", 2, ids);
     check_same_ids_of("llama-kv4-f32", "--tp 2 --pp 2", 4, ids);
@@ -326,28 +344,10 @@ static void test_tp_generate_refuses_wrong_sizes(void **state) {
 static void test_tp_serve_completion_matches_one_process(void **state) {
     (void)state;
     const char *model = stories_or_skip();
-    char launch[2048];
-    snprintf(launch, sizeof(launch), "%s -np 2", mpirun());
-    setenv("LLMSERVE_LAUNCH", launch, 1);
     struct httptest_server s;
-    httptest_start(&s, model, "--tp 2");
-    live = &s;
-    unsetenv("LLMSERVE_LAUNCH");
+    start_job(&s, model, 2, "--tp 2");
     struct httptest_resp r;
-    assert_int_equal(httptest_request(s.port, "POST", "/v1/completions", NULL,
-                                      "{\"prompt\": \"Once upon a time\", \"max_tokens\": 30, "
-                                      "\"temperature\": 0}",
-                                      &r),
-                     200);
-    char *text = httptest_json_str(r.body, "text");
-    assert_non_null(text);
-    assert_string_equal(text,
-                        ", there was a little girl named Lily. She loved to play outside "
-                        "in the park. One day,");
-    free(text);
-    const long long p1 = httptest_json_int(r.body, "prompt_tokens", -1);
-    assert_true(p1 > 0);
-    httptest_resp_free(&r);
+    const long long p1 = check_readme_completion(s.port);
 
     // Past the report interval (ENGINE_RANK_REPORT_MS) the next step asks every rank for
     // its figures: that of a 1-token completion, so each rank's report counts every step
@@ -429,26 +429,10 @@ static void test_tp_serve_completion_matches_one_process(void **state) {
 static void test_pp_serve_completion_matches_one_process(void **state) {
     (void)state;
     const char *model = stories_or_skip();
-    char launch[2048];
-    snprintf(launch, sizeof(launch), "%s -np 2", mpirun());
-    setenv("LLMSERVE_LAUNCH", launch, 1);
     struct httptest_server s;
-    httptest_start(&s, model, "--pp 2");
-    live = &s;
-    unsetenv("LLMSERVE_LAUNCH");
+    start_job(&s, model, 2, "--pp 2");
     struct httptest_resp r;
-    assert_int_equal(httptest_request(s.port, "POST", "/v1/completions", NULL,
-                                      "{\"prompt\": \"Once upon a time\", \"max_tokens\": 30, "
-                                      "\"temperature\": 0}",
-                                      &r),
-                     200);
-    char *text = httptest_json_str(r.body, "text");
-    assert_non_null(text);
-    assert_string_equal(text,
-                        ", there was a little girl named Lily. She loved to play outside "
-                        "in the park. One day,");
-    free(text);
-    httptest_resp_free(&r);
+    check_readme_completion(s.port);
     assert_int_equal(httptest_request(s.port, "GET", "/health", NULL, NULL, &r), 200);
     assert_true(httptest_json_int(r.body, "n_ranks", 0) == 2);
     httptest_resp_free(&r);
@@ -468,28 +452,10 @@ static void test_pp_serve_completion_matches_one_process(void **state) {
 static void test_tpxpp_serve_completion_matches_one_process(void **state) {
     (void)state;
     const char *model = stories_or_skip();
-    char launch[2048];
-    snprintf(launch, sizeof(launch), "%s -np 4", mpirun());
-    setenv("LLMSERVE_LAUNCH", launch, 1);
     struct httptest_server s;
-    httptest_start(&s, model, "--tp 2 --pp 2");
-    live = &s;
-    unsetenv("LLMSERVE_LAUNCH");
+    start_job(&s, model, 4, "--tp 2 --pp 2");
     struct httptest_resp r;
-    assert_int_equal(httptest_request(s.port, "POST", "/v1/completions", NULL,
-                                      "{\"prompt\": \"Once upon a time\", \"max_tokens\": 30, "
-                                      "\"temperature\": 0}",
-                                      &r),
-                     200);
-    char *text = httptest_json_str(r.body, "text");
-    assert_non_null(text);
-    assert_string_equal(text,
-                        ", there was a little girl named Lily. She loved to play outside "
-                        "in the park. One day,");
-    free(text);
-    const long long p1 = httptest_json_int(r.body, "prompt_tokens", -1);
-    assert_true(p1 > 0);
-    httptest_resp_free(&r);
+    const long long p1 = check_readme_completion(s.port);
     httptest_sleep_ms(1100);  // past ENGINE_RANK_REPORT_MS: the next step gathers reports
     assert_int_equal(httptest_request(s.port, "POST", "/v1/completions", NULL,
                                       "{\"prompt\": \"Lily\", \"max_tokens\": 1, "
@@ -568,13 +534,8 @@ static bool log_has(const char *log_path, const char *text) {
 static void test_tp_serve_rank_killed_ends_job(void **state) {
     (void)state;
     const char *model = stories_or_skip();
-    char launch[2048];
-    snprintf(launch, sizeof(launch), "%s -np 2", mpirun());
-    setenv("LLMSERVE_LAUNCH", launch, 1);
     struct httptest_server s;
-    httptest_start(&s, model, "--tp 2");
-    live = &s;
-    unsetenv("LLMSERVE_LAUNCH");
+    start_job(&s, model, 2, "--tp 2");
     pid_t pid1 = 0;
     for (int i = 0; i < 100 && !pid1; i++) {
         pid1 = rank_pid(s.log_path, 1);
