@@ -85,7 +85,9 @@ struct scheduler_request {
                                     //    (control tokens' text included) holds this
                                     //    string, then the grammar is advanced by the bytes
                                     //    from the string's start and constrains the rest
-                                    //    (text that leaves it there drops the grammar)
+                                    //    (text that leaves it there drops the grammar).
+                                    //    Alternatives are separated by '\n': the one that
+                                    //    starts first in the text starts the grammar
 };
 
 /* Defaults: greedy-free sampler defaults, max_tokens 16, min_tokens 0, no

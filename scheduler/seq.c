@@ -110,19 +110,31 @@ void seq_destroy(struct seq *s) {
 
 enum grammar_step seq_grammar_trigger(struct seq *s, int32_t token) {
     ASSERT(s->grammar && s->grammar_trigger);
-    size_t n = strlen(s->grammar_trigger);
+    // The alternatives, separated by '\n': the longest sets how far back to look.
+    const char *alts = s->grammar_trigger;
+    size_t n = 0;
+    for (const char *p = alts; *p;) {
+        size_t len = strcspn(p, "\n");
+        if (len > n) n = len;
+        p += len + (p[len] == '\n');
+    }
+    ASSERT(n > 0);
     struct buf *w = &s->trigger_window;
     size_t old_len = w->len;
     tokenizer_token_to_piece(s->tok, token, true, w);
-    // The trigger's first byte is in the text before this token's bytes only
-    // if it started within the last n - 1 bytes.
+    // An alternative's first byte is in the text before this token's bytes only
+    // if it started within the last n - 1 bytes. The earliest start wins.
     size_t from = old_len > n - 1 ? old_len - (n - 1) : 0;
     size_t at = w->len;
-    for (size_t i = from; i + n <= w->len; i++) {
-        if (memcmp(w->data + i, s->grammar_trigger, n) == 0) {
-            at = i;
-            break;
+    for (const char *p = alts; *p;) {
+        size_t len = strcspn(p, "\n");
+        for (size_t i = from; len > 0 && i + len <= w->len && i < at; i++) {
+            if (memcmp(w->data + i, p, len) == 0) {
+                at = i;
+                break;
+            }
         }
+        p += len + (p[len] == '\n');
     }
     if (at == w->len) {
         // keep only the bytes the next search can need

@@ -945,7 +945,11 @@ static int prepare_tools(struct openai_request *r, const struct openai_model *m,
     }
     r->parse_tools = true;
     if (r->tool_choice == OPENAI_TOOL_CHOICE_AUTO) {
-        r->grammar_trigger = r->tool_syntax.trigger;
+        // The syntax's marker (Llama 3.1's <|python_tag|>) starts the calls too.
+        const char *pre = r->tool_syntax.trigger_prefix;
+        snprintf(r->grammar_trigger_text, sizeof(r->grammar_trigger_text), "%s%s%s",
+                 pre && pre[0] ? pre : "", pre && pre[0] ? "\n" : "", r->tool_syntax.trigger);
+        r->grammar_trigger = r->grammar_trigger_text;
         r->skip_special = false;
     }
     return 0;

@@ -113,8 +113,10 @@ struct openai_request {
     bool parallel_tool_calls;             // default true
     bool parse_tools;                     // after prepare: replies are parsed into calls
     struct chat_tool_syntax tool_syntax;  //    in this syntax (the template's)
+    char grammar_trigger_text[64];        // the storage of grammar_trigger (auto)
     const char *grammar_trigger;          // after prepare: NULL, or (auto) the text after
-                                          //    which the grammar starts (static string)
+                                          //    which the grammar starts: grammar_trigger_text
+                                          //    (alternatives separated by newlines)
 };
 
 /* Parses and validates a request body (len bytes, need not be

@@ -26,8 +26,13 @@ static void literal(struct buf *out, const char *s) {
 void tool_call_grammar(const struct chat_tool_syntax *syn, const struct tool_call_tool *tools,
                        int32_t n_tools, bool parallel, struct buf *out) {
     ASSERT(n_tools >= 1);
-    // root ::= LIST_OPEN tool-call (SEP tool-call){0,15} LIST_CLOSE
+    // root ::= (MARKER)? LIST_OPEN tool-call (SEP tool-call){0,15} LIST_CLOSE
     buf_append_str(out, "root ::= ");
+    if (syn->trigger_prefix && syn->trigger_prefix[0]) {
+        buf_append_char(out, '(');
+        literal(out, syn->trigger_prefix);
+        buf_append_str(out, ")? ");
+    }
     literal(out, syn->list_open);
     buf_append_str(out, " tool-call");
     if (parallel && syn->parallel) {

@@ -380,17 +380,28 @@ static void test_batch_invariance_grammar_trigger(void **state) {
         struct gbnf *g = NULL;
         assert_int_equal(gbnf_compile(gt.data, gt.len, &g, NULL, 0), 0);
         req[0].grammar = g;
+        // The trigger alone, then as one of two alternatives ('\n' between them) beside
+        // one that never appears (bytes no token here writes), first and second: the
+        // same run each time.
+        char alt1[160], alt2[160];
+        snprintf(alt1, sizeof(alt1), "\x01\x02\x03\x04\x05\x06\x07\x08\n%s", trigger);
+        snprintf(alt2, sizeof(alt2), "%s\n\x01\x02\x03", trigger);
+        const char *const triggers[3] = {trigger, alt1, alt2};
+        for (int a = 0; a < 3; a++) {
+            req[0].grammar_trigger = triggers[a];
+            run(m, &p, req, 1, got, NULL);
+            assert_true(got[0].n_tokens >= k + 2);
+            assert_memory_equal(got[0].tokens, free_run[0].tokens,
+                                (size_t)(k + 1) * sizeof(int32_t));
+            struct buf rest = {0};
+            for (int32_t i = k + 1; i < got[0].n_tokens; i++)
+                tokenizer_token_to_piece(tok, got[0].tokens[i], false, &rest);
+            assert_int_equal(rest.len, 1);
+            assert_true(rest.data[0] >= '0' && rest.data[0] <= '9');
+            assert_int_equal(got[0].finish, CHANNEL_FINISH_STOP);
+            buf_free(&rest);
+        }
         req[0].grammar_trigger = trigger;
-        run(m, &p, req, 1, got, NULL);
-        assert_true(got[0].n_tokens >= k + 2);
-        assert_memory_equal(got[0].tokens, free_run[0].tokens, (size_t)(k + 1) * sizeof(int32_t));
-        struct buf rest = {0};
-        for (int32_t i = k + 1; i < got[0].n_tokens; i++)
-            tokenizer_token_to_piece(tok, got[0].tokens[i], false, &rest);
-        assert_int_equal(rest.len, 1);
-        assert_true(rest.data[0] >= '0' && rest.data[0] <= '9');
-        assert_int_equal(got[0].finish, CHANNEL_FINISH_STOP);
-        buf_free(&rest);
         gbnf_release(g);
         // a grammar the trigger token's bytes leave: dropped, the run is the free one
         buf_reset(&gt);

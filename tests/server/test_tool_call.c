@@ -147,6 +147,23 @@ static void test_tool_call_grammar_accepts_what_templates_render(void **state) {
         assert_int_not_equal(st, GRAMMAR_STEP_REJECT);
         assert_true(grammar_is_accepting(gm));
         grammar_free(gm);
+        // Llama 3.1: the same call after its <|python_tag|> marker (the grammar starts
+        // there when the model writes it: openai.c's trigger alternatives); content 0
+        if (syn.trigger_prefix[0]) {
+            struct buf tagged = {0};
+            buf_append_str(&tagged, syn.trigger_prefix);
+            buf_append(&tagged, text.data, text.len);
+            gm = grammar_create(g);
+            assert_int_not_equal(grammar_accept_bytes(gm, tagged.data, tagged.len),
+                                 GRAMMAR_STEP_REJECT);
+            assert_true(grammar_is_accepting(gm));
+            grammar_free(gm);
+            struct tool_call_parse tp;
+            tool_call_parse(&syn, tagged.data, tagged.len, true, &tp);
+            assert_true(tp.is_complete);
+            assert_int_equal(tp.content_len, 0);
+            buf_free(&tagged);
+        }
         gbnf_release(g);
         // and the parser reads the calls back, from every prefix monotonically
         struct tool_call_parse tp, prev = {0};
