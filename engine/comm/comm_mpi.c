@@ -82,7 +82,7 @@ int comm_open(int32_t n_ranks, struct comm **out) {
     if (size != n_ranks) {
         LOG_ERROR(
             "rank %d: the job has %d ranks but %d were asked for (--tp x --pp = %d runs "
-            "under mpirun -np %d)",
+            "under mpirun -np %d; --sp N alone: -np N)",
             rank, size, n_ranks, n_ranks, n_ranks);
         comm_close(c);
         return ERR_INVAL;
