@@ -24,8 +24,7 @@
  * from its first layer. A step runs as micro-batches of consecutive tokens,
  * so that stage s works on one while stage s + 1 works on the one before;
  * each stage takes them in order, so a micro-batch attends to the KV the
- * earlier ones wrote. Under
- * TP x PP each TP rank of a stage sends to the same TP rank of the next, and
+ * earlier ones wrote. Under TP x PP each TP rank of a stage sends to the same TP rank of the next, and
  * the allreduces run among a stage's TP ranks only (ctx->tp_group).
  */
 #include <math.h>
@@ -166,10 +165,6 @@ static void run_layers(struct engine_ctx *ctx, const struct engine_batch *full,
     for (int32_t il = sh->layer0; il < sh->layer0 + sh->n_layer; il++) {
         const struct layer *L = &m->layers[il];
         const int32_t kl = il - sh->layer0;  // the layer in this stage's KV pool
-        if (T == 0) {  // an SP rank with no token in this step: it takes the others' K/V
-            sp_share_kv(ctx, full, kl);
-            continue;
-        }
 
         // Attention norm                                                  [T][E]
         rmsnorm_rows(ctx->xb, x, L->attn_norm, T, n_embd, hp->norm_eps);
@@ -181,7 +176,7 @@ static void run_layers(struct engine_ctx *ctx, const struct engine_batch *full,
         const struct adapter_target qkv[3] = {{ADAPTER_PROJ_Q, ctx->q, n_q},
                                               {ADAPTER_PROJ_K, k, n_kv},
                                               {ADAPTER_PROJ_V, v, n_kv}};
-        adapter_apply_lora(pool, ab, il, ctx->xb, n_embd, qkv, 3);       // + B (s A ctx->xb)
+        adapter_apply_lora(pool, ab, il, ctx->xb, n_embd, qkv, 3);       // + B (s A xb)
         if (L->bq) add_bias(ctx->q, L->bq, T, n_q);
         if (L->bk) add_bias(k, L->bk, T, n_kv);
         if (L->bv) add_bias(v, L->bv, T, n_kv);
@@ -273,6 +268,11 @@ static int32_t n_micro_batches(const struct shard *sh, int32_t T) {
 /* Sequence parallelism splits a step of at least this many tokens per rank. */
 #define FORWARD_SP_TOKENS 16
 
+/* The first token of micro-batch k of n over tokens [s0, s1) (k = n: s1). */
+static int32_t micro_first(int32_t s0, int32_t s1, int32_t k, int32_t n) {
+    return s0 + (int32_t)((int64_t)(s1 - s0) * k / n);
+}
+
 /* Tokens [t0, t1) of b, a batch of their own over the same sequences. */
 static struct engine_batch sub_batch(const struct engine_batch *b, int32_t t0, int32_t t1) {
     struct engine_batch mb = *b;
@@ -318,8 +318,8 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
     const int32_t me = shard_job_rank(sh);
     const bool is_last = sh->stage == sh->n_stages - 1;
     for (int32_t k = 0; k < n_mb; k++) {
-        const int32_t t0 = s0 + (int32_t)((int64_t)(s1 - s0) * k / n_mb);
-        const int32_t t1 = s0 + (int32_t)((int64_t)(s1 - s0) * (k + 1) / n_mb);
+        const int32_t t0 = micro_first(s0, s1, k, n_mb);
+        const int32_t t1 = micro_first(s0, s1, k + 1, n_mb);
         const struct engine_batch mb = sub_batch(b, t0, t1);
         float *x = ctx->x + (size_t)(t0 - s0) * n_embd;
         const int64_t n_x = (int64_t)(t1 - t0) * n_embd;
@@ -334,8 +334,8 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
     if (sh->n_stages > 1 && sh->stage == 0) {
         const int32_t last = (sh->n_stages - 1) * sh->size + sh->rank;
         for (int32_t k = 0; k < n_mb; k++) {
-            const int32_t t0 = (int32_t)((int64_t)T * k / n_mb);
-            const int32_t t1 = (int32_t)((int64_t)T * (k + 1) / n_mb);
+            const int32_t t0 = micro_first(0, T, k, n_mb);
+            const int32_t t1 = micro_first(0, T, k + 1, n_mb);
             comm_recv(ctx->comm, last, ctx->x + (size_t)t0 * n_embd, (int64_t)(t1 - t0) * n_embd);
         }
     }
