@@ -158,11 +158,6 @@ int config_validate(const struct config *c, char *msg, size_t msg_size) {
         snprintf(msg, msg_size, "--sp %d goes with neither --tp nor --pp", (int)c->sp);
         return ERR_INVAL;
     }
-    if ((c->tp > 1 || c->pp > 1 || c->sp > 1) && (c->n_loras > 0 || c->allow_runtime_lora)) {
-        snprintf(msg, msg_size, "adapters (--lora, --allow-runtime-lora) under --tp, --pp or "
-                 "--sp > 1 are not supported yet");
-        return ERR_INVAL;
-    }
     if ((int64_t)c->tp * c->pp > 1024) {
         snprintf(msg, msg_size, "--tp %d x --pp %d is over 1024 ranks", (int)c->tp, (int)c->pp);
         return ERR_INVAL;

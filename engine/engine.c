@@ -16,6 +16,7 @@
 #include "engine/base/clock.h"
 #include "engine/base/err.h"
 #include "engine/base/log.h"
+#include "engine/compute/adapter_share.h"
 #include "engine/compute/ctx.h"
 #include "engine/model/model.h"
 #include "engine/compute/attention.h"
@@ -125,11 +126,6 @@ static int check_params(const struct engine_model *m, struct engine_ctx_params *
                   m->shard.stage, m->shard.n_stages, comm_rank(prm->comm),
                   comm_size(prm->comm));
         return ERR_INVAL;
-    }
-    if (job_size > 1 && prm->max_adapters > 0) {
-        LOG_ERROR("%s: adapters under tensor or pipeline parallelism (%d ranks) are not "
-                  "supported yet", __func__, job_size);
-        return ERR_UNSUPPORTED;
     }
     if (prm->max_seqs > prm->max_batch_tokens) prm->max_seqs = prm->max_batch_tokens;
     if (prm->max_outputs > prm->max_batch_tokens) prm->max_outputs = prm->max_batch_tokens;
@@ -360,18 +356,28 @@ int32_t engine_ctx_rank_stats(const struct engine_ctx *ctx, struct engine_rank_s
     return n;
 }
 
+static int set_slot(struct engine_ctx *ctx, int32_t slot, struct engine_adapter *a);
+static int set_slot_shared(struct engine_ctx *ctx, int32_t slot, struct engine_adapter *a,
+                           bool has_adapter);
+
 int engine_follow(struct engine_ctx *ctx) {
     ASSERT(ctx->is_parallel && comm_rank(ctx->comm) > 0);
     struct engine_batch b;
     bool want_stats = false;
-    while (step_desc_recv(&ctx->desc, ctx->comm, &b, &want_stats) == STEP_DESC_KIND_FORWARD) {
+    for (;;) {
+        const enum step_desc_kind kind = step_desc_recv(&ctx->desc, ctx->comm, &b, &want_stats);
+        if (kind == STEP_DESC_KIND_STOP) return 0;
+        if (kind == STEP_DESC_KIND_ADAPTER) {
+            // A failure is every rank's (agreed): the slot stays as it was on all of them.
+            set_slot_shared(ctx, ctx->desc.adapter_slot, NULL, ctx->desc.has_adapter);
+            continue;
+        }
         // Rank 0 checked the batch against the same limits before sending it.
         int32_t n_outputs = 0;
         const int err = check_batch(ctx, &b, &n_outputs);
         ASSERT(err == 0);
         run_step(ctx, &b, n_outputs, want_stats);
     }
-    return 0;
 }
 
 const struct engine_model *engine_ctx_model(const struct engine_ctx *ctx) { return ctx->model; }
@@ -380,16 +386,8 @@ int32_t engine_ctx_n_blocks(const struct engine_ctx *ctx) { return ctx->params.n
 
 /* ---- adapter slots (engine/model/lora.h): the ctx owns them ---- */
 
-int engine_ctx_set_adapter(struct engine_ctx *ctx, int32_t slot, struct engine_adapter *a) {
-    if (slot < 0 || slot >= ctx->params.max_adapters) {
-        LOG_ERROR("%s: slot %d out of range (the ctx has %d)", __func__, slot,
-                  ctx->params.max_adapters);
-        return ERR_INVAL;
-    }
-    if (a && a->model != ctx->model) {
-        LOG_ERROR("%s: adapter %s was loaded for another model", __func__, a->path);
-        return ERR_INVAL;
-    }
+/* Puts a (NULL: nothing) into slot, with scratch for its rank vectors. */
+static int set_slot(struct engine_ctx *ctx, int32_t slot, struct engine_adapter *a) {
     if (a) {
         int err = adapter_batch_reserve(&ctx->ab, ctx->params.max_batch_tokens,
                                         adapter_tmp_floats(a));
@@ -402,6 +400,44 @@ int engine_ctx_set_adapter(struct engine_ctx *ctx, int32_t slot, struct engine_a
     engine_adapter_release(ctx->adapters[slot]);
     ctx->adapters[slot] = a;
     return 0;
+}
+
+/* Every rank of a job, in step (rank 0 sent the slot's header first): slot
+ * gets this rank's cut of rank 0's adapter a (adapter_share.h,
+ * model/adapter.h), or is emptied without has_adapter. A rank that fails
+ * fails it on all, which keep what the slot held. */
+static int set_slot_shared(struct engine_ctx *ctx, int32_t slot, struct engine_adapter *a,
+                           bool has_adapter) {
+    if (!has_adapter) return set_slot(ctx, slot, NULL);
+    struct engine_adapter *full = NULL, *mine = NULL;
+    int err = adapter_share(ctx->comm, ctx->model, a, &full);
+    if (err) return err;  // agreed
+    err = adapter_cut(full, ctx->model, &mine);
+    engine_adapter_release(full);
+    if (!err) err = adapter_batch_reserve(&ctx->ab, ctx->params.max_batch_tokens,
+                                          adapter_tmp_floats(mine));
+    err = comm_agree(ctx->comm, err);
+    if (!err) err = set_slot(ctx, slot, mine);  // reserved above: cannot fail now
+    if (err) {
+        LOG_ERROR("%s: slot %d: a rank could not hold its part of the adapter", __func__, slot);
+    }
+    engine_adapter_release(mine);
+    return err;
+}
+
+int engine_ctx_set_adapter(struct engine_ctx *ctx, int32_t slot, struct engine_adapter *a) {
+    if (slot < 0 || slot >= ctx->params.max_adapters) {
+        LOG_ERROR("%s: slot %d out of range (the ctx has %d)", __func__, slot,
+                  ctx->params.max_adapters);
+        return ERR_INVAL;
+    }
+    if (a && a->model != ctx->model) {
+        LOG_ERROR("%s: adapter %s was loaded for another model", __func__, a->path);
+        return ERR_INVAL;
+    }
+    if (!ctx->is_parallel) return set_slot(ctx, slot, a);
+    step_desc_send_adapter(ctx->comm, slot, a != NULL);
+    return set_slot_shared(ctx, slot, a, a != NULL);
 }
 
 const struct engine_adapter *engine_ctx_adapter(const struct engine_ctx *ctx, int32_t slot) {

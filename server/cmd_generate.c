@@ -611,10 +611,6 @@ int cmd_generate(int argc, char **argv) {
     const char *lora_path = NULL;
     code = check_opts(&o, &lora_path);
     if (code) return code;
-    if ((o.tp > 1 || o.pp > 1 || o.n_sp > 1) && o.n_loras > 0) {
-        fprintf(stderr, "generate: --lora under --tp, --pp or --sp > 1 is not supported yet\n");
-        return 2;
-    }
     if (o.n_sp > 1 && (o.tp > 1 || o.pp > 1)) {
         fprintf(stderr, "generate: --sp goes with neither --tp nor --pp\n");
         return 2;

@@ -72,7 +72,7 @@ static int start_scheduler(const struct config *cfg, struct engine_model *model,
     sp.max_queue = cfg->max_queue;
     sp.n_threads = cfg->n_threads;
     sp.n_ctx = cfg->n_ctx;
-    sp.max_loras = comm ? 0 : cfg->max_loras;  // config/ refused adapters under --tp > 1
+    sp.max_loras = cfg->max_loras;
     sp.comm = comm;
     int err = engine_kv_type_parse(cfg->kv_type, &sp.kv_type);
     ASSERT(err == 0);  // config/ accepted only the engine's names
@@ -274,7 +274,7 @@ int cmd_serve(int argc, char **argv) {
         auth = auth_create((const char *const *)cfg.api_keys, cfg.n_api_keys);
         app.auth = auth;
     }
-    if (!comm && cfg.max_loras > 0 &&
+    if (cfg.max_loras > 0 &&
         start_loras(&cfg, model, &app, &loras, &loader, &lora_root) != 0) {
         goto done;
     }

@@ -89,6 +89,11 @@ void step_desc_send(struct step_desc *d, struct comm *c, const struct engine_bat
     comm_bcast(c, d->body, (size_t)n * sizeof(int32_t));
 }
 
+void step_desc_send_adapter(struct comm *c, int32_t slot, bool has_adapter) {
+    int32_t hdr[HDR_COUNT] = {STEP_DESC_KIND_ADAPTER, slot, has_adapter, 0, 0, 0};
+    comm_bcast_idle(c, hdr, sizeof(hdr));
+}
+
 void step_desc_send_stop(struct comm *c) {
     int32_t hdr[HDR_COUNT] = {STEP_DESC_KIND_STOP, 0, 0, 0, 0, 0};
     comm_bcast_idle(c, hdr, sizeof(hdr));
@@ -99,6 +104,11 @@ enum step_desc_kind step_desc_recv(struct step_desc *d, struct comm *c, struct e
     int32_t hdr[HDR_COUNT] = {0};
     comm_bcast_idle(c, hdr, sizeof(hdr));  // the followers wait here while rank 0 is idle
     if (hdr[HDR_KIND] == STEP_DESC_KIND_STOP) return STEP_DESC_KIND_STOP;
+    if (hdr[HDR_KIND] == STEP_DESC_KIND_ADAPTER) {
+        d->adapter_slot = hdr[HDR_N_TOKENS];
+        d->has_adapter = hdr[HDR_N_SEQS] != 0;
+        return STEP_DESC_KIND_ADAPTER;
+    }
     // The limits are the ctx's, which rank 0 broadcast at creation: a mismatch is a bug.
     ASSERT(hdr[HDR_KIND] == STEP_DESC_KIND_FORWARD);
     ASSERT(hdr[HDR_N_TOKENS] >= 1 && hdr[HDR_N_TOKENS] <= d->max_tokens);

@@ -12,6 +12,9 @@
  *           adapter[n_tokens] (if has_adapter) n_blocks[n_seqs]
  *           block tables, concatenated (n_table = sum of n_blocks)
  *
+ * A slot's change between steps is a header alone: kind ADAPTER, the slot
+ * in n_tokens' place and whether an adapter follows in n_seqs'.
+ *
  * Whole block tables travel each step, not their changes: a decode step of
  * S sequences of L tokens costs 4 * (6 + 5 S + S L / block_size) bytes,
  * small beside the 2 * n_layer * S * n_embd * 4 bytes of the allreduces.
@@ -32,6 +35,7 @@ struct comm;
 enum step_desc_kind {
     STEP_DESC_KIND_STOP = 0,     // rank 0 freed its ctx: the followers return
     STEP_DESC_KIND_FORWARD = 1,  // a batch follows
+    STEP_DESC_KIND_ADAPTER = 2,  // a slot changes: adapter_share() follows if it gets one
 };
 
 /* Receive-side storage, sized once for a ctx's limits (owned). */
@@ -42,6 +46,8 @@ struct step_desc {
     struct engine_seq *seqs;  // [max_seqs]
     int32_t max_tokens;
     int32_t max_seqs;
+    int32_t adapter_slot;     // STEP_DESC_KIND_ADAPTER: the slot
+    bool has_adapter;         // STEP_DESC_KIND_ADAPTER: an adapter follows (else it empties)
 };
 
 /* Allocates for batches of up to max_tokens tokens and max_seqs sequences.
@@ -54,11 +60,16 @@ void step_desc_deinit(struct step_desc *d);  // safe on a zeroed struct
 void step_desc_send(struct step_desc *d, struct comm *c, const struct engine_batch *b,
                     bool want_stats);
 
+/* Rank 0: tells the followers that slot gets an adapter (has_adapter: it
+ * follows, adapter_share.h) or is emptied. */
+void step_desc_send_adapter(struct comm *c, int32_t slot, bool has_adapter);
+
 /* Rank 0: tells the followers to stop. */
 void step_desc_send_stop(struct comm *c);
 
 /* Other ranks: receives the next descriptor. For STEP_DESC_KIND_FORWARD, *b
- * views d's storage until the next call. A body larger than the limits d was
+ * views d's storage until the next call; for STEP_DESC_KIND_ADAPTER,
+ * d->adapter_slot and d->has_adapter say what changes. A body larger than the limits d was
  * sized for means the ranks disagree on the ctx: that ends the job.
  * *out_want_stats: rank 0's want_stats (set for FORWARD only). */
 enum step_desc_kind step_desc_recv(struct step_desc *d, struct comm *c, struct engine_batch *b,

@@ -29,6 +29,7 @@
 #include "engine/base/err.h"
 #include "engine/kernels/kernels.h"
 #include "engine/kernels/threadpool.h"
+#include "engine/model/model.h"
 
 int32_t adapter_tmp_floats(const struct engine_adapter *a) {
     int32_t n = ADAPTER_MAX_TARGETS * a->max_rank;
@@ -298,4 +299,176 @@ void adapter_free(struct engine_adapter *a) {
     }
     free(a->path);
     free(a);
+}
+
+/* ---- panels, and cutting an adapter to a rank's slice ------------------------- */
+
+size_t adapter_elem_size(enum quant_type t) { return t == QUANT_F32 ? 4 : 2; }
+
+/* rows as the 2-D tensor the panel packer takes. */
+static struct tensor rows_tensor(enum quant_type t, const void *rows, int64_t n_rows, int64_t k) {
+    return (struct tensor){.type = t, .n_dims = 2, .ne = {k, n_rows, 1, 1},
+                           .row_bytes = (size_t)k * adapter_elem_size(t), .data = rows};
+}
+
+size_t adapter_panel_bytes(enum quant_type t, int64_t n_rows, int64_t k) {
+    const struct tensor w = rows_tensor(t, NULL, n_rows, k);
+    return (kern_panel_bytes(&w) + 63) / 64 * 64;
+}
+
+void *adapter_panels_from_rows(enum quant_type t, const void *rows, int64_t n_rows, int64_t k,
+                               size_t *bytes) {
+    const struct tensor w = rows_tensor(t, rows, n_rows, k);
+    const size_t n = adapter_panel_bytes(t, n_rows, k);
+    void *p = aligned_alloc(64, n);
+    if (!p) return NULL;
+    kern_panel_pack(&w, p);
+    *bytes += n;
+    return p;
+}
+
+/* Rows [r0, r0 + n) of a matrix of k columns in panels (kernels.h: element
+ * (i, j) at ((i / 16) k + j) 16 + i % 16), as rows [n][k] into dst. */
+static void panel_rows(const void *pw, enum quant_type t, int64_t k, int64_t r0, int64_t n,
+                       void *dst) {
+    const size_t esz = adapter_elem_size(t);
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t g = r0 + i;
+        for (int64_t j = 0; j < k; j++) {
+            const size_t at = ((size_t)(g / KERN_PANEL_ROWS) * (size_t)k + (size_t)j) *
+                                  KERN_PANEL_ROWS + (size_t)(g % KERN_PANEL_ROWS);
+            memcpy((uint8_t *)dst + ((size_t)i * (size_t)k + (size_t)j) * esz,
+                   (const uint8_t *)pw + at * esz, esz);
+        }
+    }
+}
+
+/* A malloc'ed copy of src's n bytes (NULL when out of memory); adds n to *bytes. */
+static void *copy_bytes(const void *src, size_t n, size_t *bytes) {
+    void *p = malloc(n ? n : 1);
+    if (!p) return NULL;
+    memcpy(p, src, n);
+    *bytes += n;
+    return p;
+}
+
+/* The slice of projection p's update a rank keeps (model/shard.h): B's rows
+ * [*row0, *row0 + *n_rows) of a column-parallel projection, or A's columns
+ * [*col0, *col0 + *n_cols) of a row-parallel one; the other stays whole. */
+static void proj_slice(const struct shard *sh, int32_t head_dim, enum adapter_proj p,
+                       const struct adapter_lora *l, int32_t *row0, int32_t *n_rows,
+                       int32_t *col0, int32_t *n_cols) {
+    *row0 = 0;
+    *n_rows = l->n_out;
+    *col0 = 0;
+    *n_cols = l->n_in;
+    switch (p) {
+    case ADAPTER_PROJ_Q: *row0 = sh->head0 * head_dim; *n_rows = sh->n_head * head_dim; return;
+    case ADAPTER_PROJ_K:
+    case ADAPTER_PROJ_V:
+        *row0 = sh->head_kv0 * head_dim;
+        *n_rows = sh->n_head_kv * head_dim;
+        return;
+    case ADAPTER_PROJ_GATE:
+    case ADAPTER_PROJ_UP: *row0 = sh->ff0; *n_rows = sh->n_ff; return;
+    case ADAPTER_PROJ_O: *col0 = sh->head0 * head_dim; *n_cols = sh->n_head * head_dim; return;
+    case ADAPTER_PROJ_DOWN: *col0 = sh->ff0; *n_cols = sh->n_ff; return;
+    case ADAPTER_PROJ_COUNT: break;
+    }
+    UNREACHABLE();
+}
+
+/* dst: src's update cut to sh (dst's matrices NULL when out of memory). */
+static int cut_lora(const struct adapter_lora *src, const struct shard *sh, int32_t head_dim,
+                    enum adapter_proj p, struct adapter_lora *dst, size_t *bytes) {
+    int32_t row0, n_rows, col0, n_cols;
+    proj_slice(sh, head_dim, p, src, &row0, &n_rows, &col0, &n_cols);
+    *dst = *src;
+    dst->b = NULL;
+    dst->n_out = n_rows;
+    dst->n_in = n_cols;
+    const size_t a_esz = adapter_elem_size(src->a_type);
+    const size_t a_bytes = (size_t)src->rank * (size_t)n_cols * a_esz;
+    dst->a = malloc(a_bytes);
+    void *b_rows = malloc((size_t)n_rows * (size_t)src->rank * adapter_elem_size(src->b_type));
+    if (dst->a && b_rows) {
+        for (int32_t r = 0; r < src->rank; r++) {  // A [rank][n_in]: columns [col0, +n_cols)
+            memcpy((uint8_t *)dst->a + (size_t)r * n_cols * a_esz,
+                   (const uint8_t *)src->a + ((size_t)r * src->n_in + (size_t)col0) * a_esz,
+                   (size_t)n_cols * a_esz);
+        }
+        *bytes += a_bytes;
+        panel_rows(src->b, src->b_type, src->rank, row0, n_rows, b_rows);
+        dst->b = adapter_panels_from_rows(src->b_type, b_rows, n_rows, src->rank, bytes);
+    }
+    free(b_rows);
+    return dst->a && dst->b ? 0 : ERR_NOMEM;
+}
+
+/* dst: a whole copy of src (its matrices NULL when out of memory). */
+static int copy_bottleneck(const struct adapter_bottleneck *src, struct adapter_bottleneck *dst,
+                           size_t *bytes) {
+    *dst = *src;
+    const size_t m = (size_t)src->width, e = (size_t)src->n_embd;
+    dst->down = copy_bytes(src->down, m * e * adapter_elem_size(src->down_type), bytes);
+    dst->down_b = copy_bytes(src->down_b, m * sizeof(float), bytes);
+    dst->up_b = copy_bytes(src->up_b, e * sizeof(float), bytes);
+    const size_t up_bytes = adapter_panel_bytes(src->up_type, src->n_embd, src->width);
+    dst->up = aligned_alloc(64, up_bytes);
+    if (dst->up) {
+        memcpy(dst->up, src->up, up_bytes);
+        *bytes += up_bytes;
+    }
+    return dst->down && dst->down_b && dst->up && dst->up_b ? 0 : ERR_NOMEM;
+}
+
+int adapter_cut(struct engine_adapter *full, const struct engine_model *m,
+                struct engine_adapter **out) {
+    *out = NULL;
+    const struct shard *sh = &m->shard;
+    if (sh->size == 1 && sh->n_stages == 1) {
+        *out = engine_adapter_retain(full);
+        return 0;
+    }
+    struct engine_adapter *a = calloc(1, sizeof(*a));
+    if (!a) return ERR_NOMEM;
+    atomic_init(&a->n_refs, 1);
+    a->model = m;
+    a->info = full->info;
+    a->info.bytes = 0;
+    a->n_layer = full->n_layer;
+    a->act = full->act;
+    a->path = strdup(full->path);
+    a->info.path = a->path;
+    int err = a->path ? 0 : ERR_NOMEM;
+    if (!err && full->lora) {
+        a->lora = calloc((size_t)a->n_layer * ADAPTER_PROJ_COUNT, sizeof(*a->lora));
+        if (!a->lora) err = ERR_NOMEM;
+    }
+    if (!err && full->bn) {
+        a->bn = calloc((size_t)a->n_layer * ADAPTER_POS_COUNT, sizeof(*a->bn));
+        if (!a->bn) err = ERR_NOMEM;
+    }
+    // The stage's layers only; the others keep rank 0 / width 0 (left alone).
+    for (int32_t il = sh->layer0; il < sh->layer0 + sh->n_layer && !err; il++) {
+        for (int32_t p = 0; full->lora && p < ADAPTER_PROJ_COUNT && !err; p++) {
+            const size_t i = (size_t)il * ADAPTER_PROJ_COUNT + (size_t)p;
+            if (full->lora[i].rank == 0) continue;
+            err = cut_lora(&full->lora[i], sh, m->hp.head_dim, (enum adapter_proj)p, &a->lora[i],
+                           &a->info.bytes);
+            if (a->lora[i].rank > a->max_rank) a->max_rank = a->lora[i].rank;
+        }
+        for (int32_t q = 0; full->bn && q < ADAPTER_POS_COUNT && !err; q++) {
+            const size_t i = (size_t)il * ADAPTER_POS_COUNT + (size_t)q;
+            if (full->bn[i].width == 0) continue;
+            err = copy_bottleneck(&full->bn[i], &a->bn[i], &a->info.bytes);
+            if (a->bn[i].width > a->max_width) a->max_width = a->bn[i].width;
+        }
+    }
+    if (err) {
+        adapter_free(a);
+        return err;
+    }
+    *out = a;
+    return 0;
 }

@@ -179,4 +179,30 @@ void adapter_apply_bottleneck(struct threadpool *pool, const struct adapter_batc
  * accepts a partly built adapter. */
 void adapter_free(struct engine_adapter *a);
 
+/* Bytes of the element type of an adapter matrix (f32: 4, f16/bf16: 2). */
+size_t adapter_elem_size(enum quant_type t);
+
+/* Bytes of a [n_rows][k] matrix of type t in panels (64-byte multiple). */
+size_t adapter_panel_bytes(enum quant_type t, int64_t n_rows, int64_t k);
+
+/* rows [n_rows][k] of type t (f32/f16/bf16, row-major) packed into new
+ * panels (64-byte aligned; the caller frees them); adds their bytes to
+ * *bytes. NULL when out of memory. */
+void *adapter_panels_from_rows(enum quant_type t, const void *rows, int64_t n_rows, int64_t k,
+                               size_t *bytes);
+
+/* *out: a copy of full (the adapter as loaded, for the whole model) cut to
+ * the slice of model m (m->shard, model/shard.h), the same way as the
+ * matrices it changes: under tensor parallelism B keeps the rows of this
+ * rank's heads or FFN columns for the column-parallel projections (q, k, v,
+ * gate, up) and A the matching columns for the row-parallel ones (o, down),
+ * whose partial updates the layer's allreduce sums with the base's; a
+ * pipeline stage keeps its own layers; bottleneck modules, which act on the
+ * whole residual stream after the allreduce, are kept whole. m is the
+ * copy's model (another process's twin of full's under MPI). Without a cut
+ * (TP 1, PP 1; sequence parallelism keeps everything) *out is full with one
+ * more reference. Returns 0 or ERR_NOMEM (*out NULL). */
+int adapter_cut(struct engine_adapter *full, const struct engine_model *m,
+                struct engine_adapter **out);
+
 #endif

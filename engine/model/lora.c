@@ -103,8 +103,6 @@ static enum quant_type store_type(enum quant_type t) {
     return t == QUANT_F16 || t == QUANT_BF16 ? t : QUANT_F32;
 }
 
-static size_t store_size(enum quant_type t) { return t == QUANT_F32 ? 4 : 2; }
-
 /* The Hugging Face row that lands at row g of a q/k projection in a GGUF file
  * converted from it (llama.cpp's convert_hf_to_gguf.py, LlamaModel.permute:
  * per head, reshape(2, hd/2).swapaxes: rows w = 2i + j come from j * hd/2 + i,
@@ -119,7 +117,7 @@ static int64_t hf_row_of(int64_t g, int32_t head_dim) {
  * from row hf_row_of(i, perm_head_dim) when perm_head_dim > 0. */
 static void copy_rows(const struct mat_src *s, int32_t perm_head_dim, void *dst) {
     const enum quant_type st = store_type(s->type);
-    const size_t dst_rb = (size_t)s->cols * store_size(st);
+    const size_t dst_rb = (size_t)s->cols * adapter_elem_size(st);
     const size_t src_rb = quant_row_size(s->type, s->cols);
     const quant_to_f32_fn to_f32 = st == s->type ? NULL : quant_traits(s->type)->to_f32;
     for (int64_t i = 0; i < s->rows; i++) {
@@ -138,7 +136,7 @@ static void copy_rows(const struct mat_src *s, int32_t perm_head_dim, void *dst)
 static int make_rows(const struct mat_src *s, void **out, enum quant_type *out_type,
                      size_t *bytes) {
     *out_type = store_type(s->type);
-    const size_t n = (size_t)s->rows * (size_t)s->cols * store_size(*out_type);
+    const size_t n = (size_t)s->rows * (size_t)s->cols * adapter_elem_size(*out_type);
     *out = fault_malloc(FAULT_SITE_ADAPTER, n ? n : 1);  // a test may make it fail
     if (!*out) return ERR_NOMEM;
     copy_rows(s, 0, *out);
@@ -150,24 +148,13 @@ static int make_rows(const struct mat_src *s, void **out, enum quant_type *out_t
  * the store type, rows permuted when perm_head_dim > 0. */
 static int make_panels(const struct mat_src *s, int32_t perm_head_dim, void **out,
                        enum quant_type *out_type, size_t *bytes) {
-    *out = NULL;
     *out_type = store_type(s->type);
-    const size_t esz = store_size(*out_type);
-    void *rows = malloc((size_t)s->rows * (size_t)s->cols * esz);
+    void *rows = malloc((size_t)s->rows * (size_t)s->cols * adapter_elem_size(*out_type));
     if (!rows) return ERR_NOMEM;
     copy_rows(s, perm_head_dim, rows);
-    struct tensor t = {.type = *out_type, .n_dims = 2, .ne = {s->cols, s->rows, 1, 1},
-                       .row_bytes = (size_t)s->cols * esz, .data = rows};
-    const size_t n = (kern_panel_bytes(&t) + 63) / 64 * 64;
-    *out = aligned_alloc(64, n);
-    if (!*out) {
-        free(rows);
-        return ERR_NOMEM;
-    }
-    kern_panel_pack(&t, *out);
+    *out = adapter_panels_from_rows(*out_type, rows, s->rows, s->cols, bytes);
     free(rows);
-    *bytes += n;
-    return 0;
+    return *out ? 0 : ERR_NOMEM;
 }
 
 static enum quant_type type_of_dtype(enum safetensors_dtype d) {

@@ -95,11 +95,18 @@ const struct engine_adapter_info *engine_adapter_get_info(const struct engine_ad
  * into slot (retaining it and releasing what the slot held), or empties the
  * slot when a is NULL. a must have been loaded for the ctx's model. Tokens of
  * later batches that name the slot get a's update; a batch naming an empty
- * slot is ERR_INVAL in engine_forward(). Returns 0, ERR_INVAL (slot out of
- * range, adapter of another model) or ERR_NOMEM. [step thread] */
+ * slot is ERR_INVAL in engine_forward(). In a job of several ranks (TP, PP,
+ * SP) it is collective: rank 0 calls it, the ranks in engine_follow() take
+ * part, a is sent to each (compute/adapter_share.h), and every rank's slot
+ * holds its own cut of it (model/adapter.h, adapter_cut: only rank 0 ever
+ * reads the adapter's file). Returns 0, ERR_INVAL (slot out of range,
+ * adapter of another model) or ERR_NOMEM (under a job: on any rank, and the
+ * slot is unchanged on all). [step thread] */
 int engine_ctx_set_adapter(struct engine_ctx *ctx, int32_t slot, struct engine_adapter *a);
 
-/* The adapter in a slot, borrowed (NULL when empty). [step thread] */
+/* The adapter in a slot, borrowed (NULL when empty): the one given to
+ * engine_ctx_set_adapter(), or in a job that cuts adapters (TP, PP) this
+ * rank's cut copy of it (same info.id). [step thread] */
 const struct engine_adapter *engine_ctx_adapter(const struct engine_ctx *ctx, int32_t slot);
 
 #endif

@@ -33,23 +33,11 @@
 #include "engine/base/err.h"
 #include "engine/engine.h"
 #include "engine/kernels/kernels.h"
+#include "tests/helpers/mpi_job.h"
 #include "tests/helpers/testutil.h"
 
 #define MAX_SEQS 8
 
-// What rank 0 tells the other ranks to do next (tensor parallelism only).
-enum job_kind { JOB_END, JOB_LOAD, JOB_CTX, JOB_UNLOAD };
-struct job {
-    int32_t kind;
-    char name[60];  // JOB_LOAD: the model
-};
-
-// The job's ranks: NULL at --tp 1 --pp 1 (no MPI at all). Set once in main, with
-// the TP ranks per stage and the stages.
-static struct comm *tp_comm;
-static int32_t n_tp = 1;
-static int32_t n_pp = 1;
-static int32_t n_sp = 1;  // --sp: sequence parallelism instead (the whole model on each rank)
 // The ctx a test has open, freed by the teardown when an assertion fails in
 // the middle, so that the other ranks return from engine_follow() and the job
 // fails instead of hanging.
@@ -62,28 +50,10 @@ static int teardown_ctx(void **state) {
     return 0;
 }
 
-static void tp_send(int32_t kind, const char *name) {
-    if (!tp_comm) return;
-    struct job j = {.kind = kind};
-    if (name) snprintf(j.name, sizeof(j.name), "%s", name);
-    comm_bcast(tp_comm, &j, sizeof(j));
-}
-
 static int load_model(const char *name, struct engine_model **out) {
     char path[4096];
     snprintf(path, sizeof(path), "%s/tests/models/%s.gguf", testutil_build_dir(), name);
-    struct engine_model_params mp = engine_model_default_params();
-    mp.path = path;
-    mp.tp_rank = comm_rank(tp_comm) % n_tp;
-    mp.tp_size = n_tp;
-    mp.pp_rank = comm_rank(tp_comm) / n_tp;
-    mp.pp_size = n_pp;
-    if (n_sp > 1) {
-        mp.tp_rank = mp.pp_rank = 0;
-        mp.sp_rank = comm_rank(tp_comm);
-        mp.sp_size = n_sp;
-    }
-    return comm_agree(tp_comm, engine_model_load(&mp, out));
+    return mpi_job_load(path, out);
 }
 
 struct fixture {
@@ -100,18 +70,16 @@ struct fixture {
 static void fixture_free(struct fixture *f) {
     for (int i = 0; i < f->n_seqs; i++) free(f->tokens[i]);
     free(f->ref_data);
-    engine_model_free(f->model);
-    tp_send(JOB_UNLOAD, NULL);
+    mpi_job_unload(f->model);
 }
 
 static void fixture_load(struct fixture *f, const char *name) {
     memset(f, 0, sizeof(*f));
     char path[4096];
-    tp_send(JOB_LOAD, name);
     const int err = load_model(name, &f->model);
-    if (err == ERR_UNSUPPORTED && tp_comm) {
+    if (err == ERR_UNSUPPORTED && mpi_job.comm) {
         print_message("%s cannot be split over %d ranks (see the log): skipped\n", name,
-                      comm_size(tp_comm));
+                      comm_size(mpi_job.comm));
         skip();
     }
     assert_int_equal(err, 0);
@@ -185,7 +153,7 @@ static struct engine_model *record_model;
 static void run_schedule(const struct fixture *f, int32_t block_size, int32_t max_chunk,
                          bool together, bool shuffle_blocks, const char *mode) {
     struct engine_ctx_params cp = engine_ctx_default_params();
-    cp.n_threads = tp_comm ? 1 : 2;  // N ranks share the cores
+    cp.n_threads = mpi_job.comm ? 1 : 2;  // N ranks share the cores
     if (record_model) cp.n_threads = 1;
     cp.block_size = block_size;
     int32_t n_blocks_seq[MAX_SEQS];
@@ -198,9 +166,8 @@ static void run_schedule(const struct fixture *f, int32_t block_size, int32_t ma
     cp.max_batch_tokens = 128;
     cp.max_outputs = 128;
     cp.max_seqs = MAX_SEQS;
-    cp.comm = record_model ? NULL : tp_comm;
+    if (!record_model) mpi_job_ctx(&cp);
     struct engine_ctx *ctx = NULL;
-    if (!record_model) tp_send(JOB_CTX, NULL);
     assert_int_equal(engine_ctx_create(record_model ? record_model : f->model, &cp, &ctx), 0);
     open_ctx = ctx;
 
@@ -280,7 +247,7 @@ static void check_model(const char *name) {
     // The longest schedule (a step per token of each sequence in turn) adds nothing
     // that the batched token-by-token one misses: left out under TP, which is slow
     // when N ranks share two loaded cores.
-    if (!tp_comm) run_schedule(&f, 16, 1, false, false, "alone, token by token");
+    if (!mpi_job.comm) run_schedule(&f, 16, 1, false, false, "alone, token by token");
     run_schedule(&f, 4, 7, true, true, "together, chunked, shuffled 4-token blocks");
     run_schedule(&f, 5, 1, true, true, "together, token by token, 5-token blocks");
     fixture_free(&f);
@@ -293,7 +260,7 @@ static void check_model(const char *name) {
  * prefill. Within 1e-4 of the logits' scale, and the same argmax wherever the
  * top two are further apart than that. */
 static void check_model_sharded_quant(const char *name) {
-    if (!tp_comm) skip();  // test_quant_model.c covers the single process
+    if (!mpi_job.comm) skip();  // test_quant_model.c covers the single process
     struct fixture f;
     fixture_load(&f, name);
     char path[4096];
@@ -365,12 +332,11 @@ static void test_forward_llama_kv4_f32(void **state) {
  * refuses the split with ERR_UNSUPPORTED (the log names the tensor). */
 static void test_forward_tp_refuses_split_inside_a_block(void **state) {
     (void)state;
-    if (n_tp == 1) skip();  // stages alone never cut a matrix
-    tp_send(JOB_LOAD, "llama256-q4_k_m");
+    if (mpi_job.n_tp == 1) skip();  // stages alone never cut a matrix
     struct engine_model *m = NULL;
     assert_int_equal(load_model("llama256-q4_k_m", &m), ERR_UNSUPPORTED);
     assert_null(m);
-    tp_send(JOB_UNLOAD, NULL);
+    mpi_job_unload(NULL);
 }
 
 /* 301 rows: under TP the embedding and the classifier split unevenly (one tensor:
@@ -425,9 +391,8 @@ static void test_forward_rejects_oversized_batch(void **state) {
     cp.max_batch_tokens = 4;
     cp.max_seqs = 1;
     cp.n_blocks = 4;
-    cp.comm = tp_comm;
+    mpi_job_ctx(&cp);
     struct engine_ctx *ctx = NULL;
-    tp_send(JOB_CTX, NULL);
     assert_int_equal(engine_ctx_create(f.model, &cp, &ctx), 0);
     open_ctx = ctx;
     int32_t tok[5] = {1, 2, 3, 4, 5}, pos[5] = {0, 1, 2, 3, 4}, sq[5] = {0};
@@ -446,67 +411,11 @@ static void test_forward_rejects_oversized_batch(void **state) {
     fixture_free(&f);
 }
 
-/* Under tensor parallelism adapters are refused on every rank, with one code. */
-static void test_forward_tp_refuses_adapters(void **state) {
-    (void)state;
-    if (!tp_comm) skip();  // a single process takes adapters (test_lora.c)
-    struct fixture f;
-    fixture_load(&f, "llama-f16-tied");
-    struct engine_ctx_params cp = engine_ctx_default_params();
-    cp.n_blocks = 4;
-    cp.max_adapters = 2;
-    cp.comm = tp_comm;
-    struct engine_ctx *ctx = NULL;
-    tp_send(JOB_CTX, NULL);
-    assert_int_equal(engine_ctx_create(f.model, &cp, &ctx), ERR_UNSUPPORTED);
-    assert_null(ctx);
-    fixture_free(&f);
-}
-
-/* Ranks other than 0: do what rank 0's jobs say until JOB_END. */
-static int follow(void) {
-    struct engine_model *model = NULL;
-    for (;;) {
-        struct job j;
-        comm_bcast(tp_comm, &j, sizeof(j));
-        switch ((enum job_kind)j.kind) {
-        case JOB_END: engine_model_free(model); return 0;
-        case JOB_LOAD:
-            if (load_model(j.name, &model) != 0) model = NULL;
-            break;
-        case JOB_CTX: {
-            struct engine_ctx_params cp = engine_ctx_default_params();  // limits: rank 0's
-            cp.n_threads = 1;
-            cp.comm = tp_comm;
-            struct engine_ctx *ctx = NULL;
-            if (engine_ctx_create(model, &cp, &ctx) == 0) engine_follow(ctx);
-            engine_ctx_free(ctx);
-            break;
-        }
-        case JOB_UNLOAD:
-            engine_model_free(model);
-            model = NULL;
-            break;
-        }
-    }
-}
-
 int main(int argc, char **argv) {
     kern_dispatch_init(false);
     kern_blas_init();
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (strcmp(argv[i], "--tp") == 0) n_tp = atoi(argv[i + 1]);
-        else if (strcmp(argv[i], "--pp") == 0) n_pp = atoi(argv[i + 1]);
-        else if (strcmp(argv[i], "--sp") == 0) n_sp = atoi(argv[i + 1]);
-    }
-    if (n_tp < 1 || n_pp < 1 || n_sp < 1 || (n_sp > 1 && n_tp * n_pp > 1)) return 2;
-    const int32_t n_ranks = n_tp * n_pp * n_sp;
-    if (n_ranks > 1 && comm_open(n_ranks, &tp_comm) != 0) return 1;
-    if (comm_rank(tp_comm) > 0) {
-        const int rc = follow();
-        comm_close(tp_comm);
-        return rc;
-    }
+    const int rc = mpi_job_start(argc, argv);
+    if (rc >= 0) return rc;  // a follower's job has ended, or bad flags
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_forward_llama_f32, teardown_ctx),
         cmocka_unit_test_teardown(test_forward_llama_f16_tied, teardown_ctx),
@@ -519,14 +428,12 @@ int main(int argc, char **argv) {
         cmocka_unit_test_teardown(test_forward_rejects_oversized_batch, teardown_ctx),
         cmocka_unit_test_teardown(test_forward_llama_kv4_f32, teardown_ctx),
         cmocka_unit_test_teardown(test_forward_llama_kv4_tied_v301, teardown_ctx),
-        cmocka_unit_test_teardown(test_forward_tp_refuses_adapters, teardown_ctx),
         cmocka_unit_test_teardown(test_forward_tp_q8_0_uneven_ffn_split, teardown_ctx),
         cmocka_unit_test_teardown(test_forward_tp_q4_0, teardown_ctx),
         cmocka_unit_test_teardown(test_forward_tp_kv4_q8_0, teardown_ctx),
         cmocka_unit_test_teardown(test_forward_tp_refuses_split_inside_a_block, teardown_ctx),
     };
     const int n_failed = cmocka_run_group_tests(tests, NULL, NULL);
-    tp_send(JOB_END, NULL);
-    comm_close(tp_comm);
+    mpi_job_end();
     return n_failed;
 }

@@ -36,6 +36,7 @@
 #include "engine/engine.h"
 #include "engine/kernels/kernels.h"
 #include "tests/helpers/gguf_builder.h"
+#include "tests/helpers/mpi_job.h"
 #include "tests/helpers/safetensors_builder.h"
 #include "tests/helpers/testutil.h"
 
@@ -55,10 +56,8 @@ static const char *models_dir(void) { return testutil_path(testutil_build_dir(),
 static struct engine_model *load_model(const char *name) {
     char path[4096];
     snprintf(path, sizeof(path), "%s/%s.gguf", models_dir(), name);
-    struct engine_model_params mp = engine_model_default_params();
-    mp.path = path;
     struct engine_model *m = NULL;
-    assert_int_equal(engine_model_load(&mp, &m), 0);
+    assert_int_equal(mpi_job_load(path, &m), 0);  // this rank's part under MPI
     return m;
 }
 
@@ -129,6 +128,18 @@ static struct engine_adapter *load_adapter(const struct engine_model *m, const c
 
 /* ---- running sequences --------------------------------------------------------- */
 
+// The ctx run() has open, freed by the teardown when an assertion fails in the
+// middle, so that under MPI the other ranks leave engine_follow() and the job
+// goes on to the next test instead of hanging.
+static struct engine_ctx *open_ctx;
+
+static int teardown_ctx(void **state) {
+    (void)state;
+    engine_ctx_free(open_ctx);
+    open_ctx = NULL;
+    return 0;
+}
+
 /* A virtual sequence: the token sequence src of the tokens file, run under
  * adapter slot `slot` (-1: none), chunk tokens per step (0: the schedule's). */
 struct vseq {
@@ -153,7 +164,7 @@ static float *run(const struct engine_model *m, const struct tokens *t, const st
                   const struct run_opts *o) {
     const int32_t n_vocab = engine_model_get_info(m)->n_vocab;
     struct engine_ctx_params cp = engine_ctx_default_params();
-    cp.n_threads = 2;
+    cp.n_threads = mpi_job.comm ? 1 : 2;  // N ranks share the cores
     cp.block_size = o->block_size;
     cp.max_batch_tokens = MAX_TOKENS;
     cp.max_outputs = MAX_TOKENS;
@@ -169,8 +180,10 @@ static float *run(const struct engine_model *m, const struct tokens *t, const st
         rows += (size_t)len;
     }
     cp.n_blocks = total_blocks;
+    mpi_job_ctx(&cp);
     struct engine_ctx *ctx = NULL;
     assert_int_equal(engine_ctx_create(m, &cp, &ctx), 0);
+    open_ctx = ctx;
     for (int32_t i = 0; i < n_slots; i++) {
         if (slots[i]) assert_int_equal(engine_ctx_set_adapter(ctx, i, slots[i]), 0);
     }
@@ -244,6 +257,7 @@ static float *run(const struct engine_model *m, const struct tokens *t, const st
                    (size_t)n_vocab * sizeof(float));
         }
     }
+    open_ctx = NULL;
     engine_ctx_free(ctx);
     return out;
 }
@@ -328,7 +342,7 @@ static float *check_adapter(const char *model, const char *adapter, const char *
     engine_adapter_release(a);
     free(ref);
     free_tokens(&t);
-    engine_model_free(m);
+    mpi_job_unload(m);
     return first;
 }
 
@@ -360,7 +374,7 @@ static void test_lora_peft_llama_permuted_qk_matches_reference(void **state) {
     free(right);
     free(got);
     free_tokens(&t);
-    engine_model_free(m);
+    mpi_job_unload(m);
 }
 
 static void test_lora_gguf_converted_from_peft_is_bit_identical(void **state) {
@@ -491,7 +505,7 @@ static void test_lora_mixed_batch_equals_alone(void **state) {
     free(mixed);
     for (int i = 0; i < 5; i++) engine_adapter_release(slots[i]);
     free_tokens(&t);
-    engine_model_free(m);
+    mpi_job_unload(m);
 }
 
 /* ---- slots, references, info ------------------------------------------------------ */
@@ -978,9 +992,30 @@ static void test_lora_rejects_bad_bottleneck_naming_the_tensor(void **state) {
     engine_model_free(m);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     kern_dispatch_init(false);
     kern_blas_init();
+    const int rc = mpi_job_start(argc, argv);
+    if (rc >= 0) return rc;  // a follower's job has ended, or bad flags
+    // Under MPI (tests/engine/meson.build: TP 2, PP 2, TP 2 x PP 2, SP 2) the same
+    // adapters against the same numpy references: rank 0 loads them, every rank
+    // gets its cut of each (engine/compute/adapter_share.h).
+    const struct CMUnitTest job_tests[] = {
+        cmocka_unit_test_teardown(test_lora_peft_llama_permuted_qk_matches_reference, teardown_ctx),
+        cmocka_unit_test_teardown(test_lora_gguf_converted_from_peft_is_bit_identical,
+                                  teardown_ctx),
+        cmocka_unit_test_teardown(test_lora_gguf_f16_matches_reference, teardown_ctx),
+        cmocka_unit_test_teardown(test_lora_peft_qwen2_neox_is_not_permuted, teardown_ctx),
+        cmocka_unit_test_teardown(test_lora_peft_gqa_f16_qk, teardown_ctx),
+        cmocka_unit_test_teardown(test_lora_peft_bf16_rslora_patterns, teardown_ctx),
+        cmocka_unit_test_teardown(test_lora_bottleneck_matches_reference, teardown_ctx),
+        cmocka_unit_test_teardown(test_lora_mixed_batch_equals_alone, teardown_ctx),
+    };
+    if (mpi_job.comm) {
+        const int n_failed = cmocka_run_group_tests(job_tests, NULL, NULL);
+        mpi_job_end();
+        return n_failed;
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lora_peft_llama_permuted_qk_matches_reference),
         cmocka_unit_test(test_lora_gguf_converted_from_peft_is_bit_identical),

@@ -243,6 +243,135 @@ static void test_tp_generate_synthetic_same_ids_as_one_process(void **state) {
     check_same_ids("qwen2-f32", "--tp 2", 2);
 }
 
+/* Adapter NAME of tests/models (scripts/mklora): a directory or NAME.gguf. */
+static const char *adapter_of(const char *name, char *path, size_t size) {
+    int n = snprintf(path, size, "%s/tests/models/%s", testutil_build_dir(), name);
+    if (!testutil_exists(path)) {
+        n = snprintf(path, size, "%s/tests/models/%s.gguf", testutil_build_dir(), name);
+    }
+    assert_true(n > 0 && (size_t)n < size);
+    return path;
+}
+
+/* Adapters under each split: `generate --lora` gives the ids of one process
+ * with the same adapter (which is itself checked against the numpy merge in
+ * tests/engine/test_lora.c), and they are not the base model's. One per
+ * format: PEFT LoRA on every projection, a GGUF LoRA on layer 1 only (so
+ * stage 0 of a pipeline holds none of it), a bottleneck adapter. */
+static void test_lora_generate_same_ids_as_one_process(void **state) {
+    (void)state;
+    const char *model = httptest_model("llama-f32");
+    char ids[1024];
+    long_prompt_ids(ids, sizeof(ids));  // 70 tokens: a prefill SP 2 splits
+    const char *adapters[] = {"llama-peft", "llama-gguf-f16", "llama-bn"};
+    const char *splits[][2] = {{"--tp 2", "2"}, {"--pp 2", "2"}, {"--tp 2 --pp 2", "4"},
+                               {"--sp 2", "2"}};
+    char cmd[8192], base[4096], one[4096], split[4096], path[4096];
+    snprintf(cmd, sizeof(cmd), "%s generate -m %s --prompt-ids %s -n 24 --ignore-eos -t 1",
+             httptest_bin(), model, ids);
+    assert_int_equal(run(cmd, base, sizeof(base)), 0);
+    for (size_t a = 0; a < sizeof(adapters) / sizeof(adapters[0]); a++) {
+        adapter_of(adapters[a], path, sizeof(path));
+        snprintf(cmd, sizeof(cmd),
+                 "%s generate -m %s --prompt-ids %s -n 24 --ignore-eos -t 1 --lora x=%s",
+                 httptest_bin(), model, ids, path);
+        assert_int_equal(run(cmd, one, sizeof(one)), 0);
+        if (strcmp(one, base) == 0) fail_msg("%s does not change the ids", adapters[a]);
+        for (size_t k = 0; k < sizeof(splits) / sizeof(splits[0]); k++) {
+            snprintf(cmd, sizeof(cmd),
+                     "%s -np %s %s generate -m %s --prompt-ids %s -n 24 --ignore-eos -t 1 "
+                     "--lora x=%s %s",
+                     mpirun(), splits[k][1], httptest_bin(), model, ids, path, splits[k][0]);
+            assert_int_equal(run(cmd, split, sizeof(split)), 0);
+            print_message("%s %s: %s", adapters[a], splits[k][0], split);
+            assert_string_equal(split, one);
+        }
+    }
+}
+
+/* The greedy text of 16 tokens after [1,5,6,7,8] under adapter `model` (NULL:
+ * the base), from the server on port; owned by the caller. The synthetic
+ * vocabulary has byte tokens, so U+0000 escapes are made U+0001 first. */
+static char *lora_completion(int port, const char *model) {
+    char body[512];
+    snprintf(body, sizeof(body),
+             "{%s%s%s\"prompt\":[1,5,6,7,8],\"max_tokens\":16,\"temperature\":0,"
+             "\"ignore_eos\":true}",
+             model ? "\"model\":\"" : "", model ? model : "", model ? "\"," : "");
+    struct httptest_resp r;
+    assert_int_equal(httptest_request(port, "POST", "/v1/completions", NULL, body, &r), 200);
+    for (char *p = r.body; (p = strstr(p, "\\u0000")) != NULL; p += 6) p[5] = '1';
+    char *text = httptest_json_str(r.body, "text");
+    assert_non_null(text);
+    httptest_resp_free(&r);
+    return text;
+}
+
+/* The requests of the served-adapter test on port, their texts into out[5]:
+ * a (--lora), the base, b loaded at run time, then a and b again. With one
+ * adapter slot every change of adapter evicts the other, so the slot is
+ * filled again (and its adapter sent to the ranks again) four times. */
+static void lora_requests(int port, const char *b_path, char **out) {
+    char body[4096];
+    snprintf(body, sizeof(body), "{\"lora_name\":\"b\",\"lora_path\":\"%s\"}", b_path);
+    out[0] = lora_completion(port, "a");
+    out[1] = lora_completion(port, NULL);
+    struct httptest_resp r;
+    assert_int_equal(httptest_request(port, "POST", "/v1/load_lora_adapter", NULL, body, &r),
+                     200);
+    httptest_resp_free(&r);
+    out[2] = lora_completion(port, "b");
+    out[3] = lora_completion(port, "a");
+    out[4] = lora_completion(port, "b");
+    assert_int_equal(httptest_request(port, "GET", "/metrics", NULL, NULL, &r), 200);
+    assert_true(httptest_metric(r.body, "llmserve_lora_slot_loads_total") == 4.0);
+    assert_true(httptest_metric(r.body, "llmserve_lora_slot_evictions_total") == 3.0);
+    httptest_resp_free(&r);
+}
+
+/* serve with adapters under TP 2 and TP 2 x PP 2: an adapter of --lora and one
+ * loaded at run time through /v1/load_lora_adapter (read on rank 0 alone,
+ * inside --lora-dir) give the texts the one-process server gives, the base
+ * model's stays the base model's, and the adapters change the text. */
+static void test_tp_serve_lora_matches_one_process(void **state) {
+    (void)state;
+    const char *model = httptest_model("llama-f32");
+    char a_path[4096], args[8192];
+    adapter_of("llama-peft", a_path, sizeof(a_path));
+    const char *b_path = "models/llama-bn";  // inside --lora-dir
+    snprintf(args, sizeof(args),
+             "--lora a=%s --allow-runtime-lora --lora-dir %s/tests --max-loras 1 -t 1", a_path,
+             testutil_build_dir());
+    struct httptest_server s;
+    char *want[5], *got[5];
+    httptest_start(&s, model, args);
+    live = &s;
+    lora_requests(s.port, b_path, want);
+    live = NULL;
+    httptest_stop(&s, SIGTERM);
+    assert_string_not_equal(want[0], want[1]);
+    assert_string_not_equal(want[2], want[1]);
+    assert_string_not_equal(want[0], want[2]);
+    assert_string_equal(want[0], want[3]);
+    assert_string_equal(want[2], want[4]);
+    const char *splits[][3] = {{"--tp 2", "2"}, {"--tp 2 --pp 2", "4"}};
+    for (size_t k = 0; k < sizeof(splits) / sizeof(splits[0]); k++) {
+        char job_args[8448];
+        snprintf(job_args, sizeof(job_args), "%s %s", args, splits[k][0]);
+        start_job(&s, model, atoi(splits[k][1]), job_args);
+        lora_requests(s.port, b_path, got);
+        live = NULL;
+        httptest_stop(&s, SIGTERM);
+        for (int i = 0; i < 5; i++) {
+            print_message("%s request %d: %s\n", splits[k][0], i,
+                          strcmp(got[i], want[i]) == 0 ? "same text" : "DIFFERENT");
+            assert_string_equal(got[i], want[i]);
+            free(got[i]);
+        }
+    }
+    for (int i = 0; i < 5; i++) free(want[i]);
+}
+
 /* Two stages of one layer each (the synthetic models have 2 layers). */
 static void test_pp_generate_synthetic_same_ids_as_one_process(void **state) {
     (void)state;
@@ -617,6 +746,8 @@ int main(void) {
         cmocka_unit_test_teardown(test_tpxpp_serve_completion_matches_one_process, stop_live),
         cmocka_unit_test_teardown(test_tp_serve_completion_matches_one_process, stop_live),
         cmocka_unit_test_teardown(test_tp_serve_rank_killed_ends_job, stop_live),
+        cmocka_unit_test(test_lora_generate_same_ids_as_one_process),
+        cmocka_unit_test_teardown(test_tp_serve_lora_matches_one_process, stop_live),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
