@@ -182,10 +182,12 @@ static int ctx_alloc(const struct engine_model *m, const struct engine_ctx_param
         attention_scratch_floats(sh->n_head, sh->n_head_kv, hp->head_dim, prm->block_size);
     ctx->att_scratch = alloc_floats((size_t)ctx->params.n_threads, ctx->att_scratch_floats, &err);
     ctx->xo = alloc_floats((size_t)prm->max_outputs, (size_t)hp->n_embd, &err);
-    // Job rank 0 gets every row of the logits; under TP each stage-0 rank computes its
-    // vocabulary rows' part, which rank 0 gathers (model/shard.h).
+    // Job rank 0 gets every row of the logits; under TP each rank of the classifier's
+    // stage computes its vocabulary rows' part, which the stage's TP rank 0 gathers
+    // (and, pipelined, sends on to rank 0; model/shard.h).
     // Under SP every rank computes the logits of its tokens' rows in place.
-    const bool has_logits = shard_gets_logits(sh) || sh->n_sp > 1;
+    const bool is_assembler = shard_has_classifier(sh) && sh->rank == 0;
+    const bool has_logits = shard_gets_logits(sh) || is_assembler || sh->n_sp > 1;
     ctx->logits = alloc_floats(has_logits ? (size_t)prm->max_outputs : 1, (size_t)hp->n_vocab,
                                &err);
     if (sh->n_sp > 1) {
@@ -195,7 +197,7 @@ static int ctx_alloc(const struct engine_model *m, const struct engine_ctx_param
     if (sh->size > 1 && shard_has_classifier(sh)) {
         const size_t stride = (size_t)shard_vocab_stride(sh, hp->n_vocab);
         ctx->logits_part = alloc_floats((size_t)prm->max_outputs, stride, &err);
-        if (shard_gets_logits(sh)) {
+        if (is_assembler) {
             ctx->logits_all = alloc_floats((size_t)sh->size * prm->max_outputs, stride, &err);
         }
     }

@@ -54,11 +54,13 @@ struct engine_ctx {
     float *att_scratch;       // [n_threads][att_scratch_floats]
     size_t att_scratch_floats;
     float *xo;                // [max_outputs][n_embd] normed rows that want logits
-    float *logits;            // [max_outputs][n_vocab] job rank 0 (others: one row, unused)
-    float *logits_part;       // [max_outputs][vocab stride] stage 0 at TP > 1: the logits of
-                              //   this rank's vocabulary rows (shard.h); else NULL
-    float *logits_all;        // [TP][max_outputs][vocab stride] job rank 0 at TP > 1: every
-                              //   stage-0 rank's logits_part, gathered; else NULL
+    float *logits;            // [max_outputs][n_vocab] job rank 0 and the classifier stage's
+                              //   TP rank 0 (others: one row, unused)
+    float *logits_part;       // [max_outputs][vocab stride] the classifier's (last) stage at
+                              //   TP > 1: the logits of this rank's vocabulary rows
+                              //   (shard.h); else NULL
+    float *logits_all;        // [TP][max_outputs][vocab stride] that stage's TP rank 0 at
+                              //   TP > 1: every rank's logits_part, gathered; else NULL
 
     int64_t *sp_counts;       // [SP ranks] sequence parallelism: floats of each rank's part
                               //   of a shared collective (forward.c); else NULL

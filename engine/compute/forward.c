@@ -19,13 +19,15 @@
  *
  * Pipeline parallelism: a stage runs only its layers (model/shard.h); stage 0
  * embeds the tokens, every later stage receives the residual stream [T][E]
- * from the one before, and the last sends it back to stage 0 (rank 0), which
- * computes the logits. The KV pool of a stage holds its layers only, indexed
- * from its first layer. A step runs as micro-batches of consecutive tokens,
- * so that stage s works on one while stage s + 1 works on the one before;
- * each stage takes them in order, so a micro-batch attends to the KV the
- * earlier ones wrote. Under TP x PP each TP rank of a stage sends to the same TP rank of the next, and
- * the allreduces run among a stage's TP ranks only (ctx->tp_group).
+ * from the one before, and the last runs the final norm and the classifier
+ * and sends the logits [n_out][vocab] to job rank 0, which samples. The KV
+ * pool of a stage holds its layers only, indexed from its first layer. A
+ * step runs as micro-batches of consecutive tokens, so that stage s works on
+ * one while stage s + 1 works on the one before; each stage takes them in
+ * order, so a micro-batch attends to the KV the earlier ones wrote. Under
+ * TP x PP each TP rank of a stage sends to the same TP rank of the next, the
+ * allreduces run among a stage's TP ranks only (ctx->tp_group), and the last
+ * stage's TP rank 0 gathers its stage's logits before sending them on.
  */
 #include <math.h>
 #include <string.h>
@@ -297,8 +299,8 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
 
     // The step in micro-batches of consecutive tokens (one, unless pipelined): each
     // comes from the stage before (stage 0 embeds it), runs this stage's layers and
-    // goes on to the next stage; the last stage sends it back to stage 0 (same TP rank)
-    // without waiting, so stage 0 can go on sending the next one forward.    [T][E]
+    // goes on to the next stage (same TP rank); the last stage keeps them all for the
+    // classifier.                                                             [T][E]
     // Sequence parallelism instead: this rank's share of the tokens, [s0, s1), one
     // batch, its residual stream from x's first row; the K/V of each layer's tokens
     // shared by all (sp_share_kv).
@@ -316,7 +318,6 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
     }
     const int32_t n_mb = n_micro_batches(sh, T);
     const int32_t me = shard_job_rank(sh);
-    const bool is_last = sh->stage == sh->n_stages - 1;
     for (int32_t k = 0; k < n_mb; k++) {
         const int32_t t0 = micro_first(s0, s1, k, n_mb);
         const int32_t t1 = micro_first(s0, s1, k + 1, n_mb);
@@ -326,22 +327,21 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
         if (sh->stage > 0) comm_recv(ctx->comm, me - sh->size, x, n_x);
         else embed(ctx, &mb, x);
         run_layers(ctx, b, &mb, t0, is_sp, x);
-        if (sh->n_stages == 1) continue;
-        if (!is_last) comm_send(ctx->comm, me + sh->size, x, n_x);
-        else comm_send_async(ctx->comm, sh->rank, x, n_x);
-    }
-    if (sh->n_stages > 1 && is_last) comm_wait_sends(ctx->comm);
-    if (sh->n_stages > 1 && sh->stage == 0) {
-        const int32_t last = (sh->n_stages - 1) * sh->size + sh->rank;
-        for (int32_t k = 0; k < n_mb; k++) {
-            const int32_t t0 = micro_first(0, T, k, n_mb);
-            const int32_t t1 = micro_first(0, T, k + 1, n_mb);
-            comm_recv(ctx->comm, last, ctx->x + (size_t)t0 * n_embd, (int64_t)(t1 - t0) * n_embd);
-        }
+        if (!shard_has_classifier(sh)) comm_send(ctx->comm, me + sh->size, x, n_x);
     }
 
-    // Final norm of the rows that want logits, then the classifier (stage 0)  [n_out][vocab]
-    if (!shard_has_classifier(sh)) return;
+    // Pipelined, stage 0 (rank 0 among its ranks) takes the logits from the last
+    // stage's TP rank 0                                              [n_out][vocab]
+    if (!shard_has_classifier(sh)) {
+        if (shard_gets_logits(sh) && n_outputs > 0) {
+            comm_recv(ctx->comm, (sh->n_stages - 1) * sh->size, ctx->logits,
+                      (int64_t)n_outputs * hp->n_vocab);
+        }
+        return;
+    }
+
+    // Final norm of the rows that want logits, then the classifier (the last stage)
+    //                                                                [n_out][vocab]
     if (sh->n_sp > 1 && !is_sp && !shard_gets_logits(sh)) return;  // replicated: rank 0's
     int32_t n_out = 0;
     for (int32_t t = s0; t < s1; t++) {
@@ -371,18 +371,21 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
     }
     ASSERT(n_out == n_outputs);
     if (n_out == 0) return;
+    const int32_t rank0 = 0;  // of the job: where the logits go
     if (sh->size == 1) {
         kern_matmul(pool, ks, m->output, ctx->xo, n_out, ctx->logits);
+        if (me != rank0) comm_send(ctx->comm, rank0, ctx->logits, (int64_t)n_out * hp->n_vocab);
         return;
     }
     // TP: this rank's vocabulary rows                                 [n_out][its rows]
-    // then every stage-0 rank's part gathered on rank 0, at one stride,
+    // then every rank's part of the stage gathered on its TP rank 0, at one stride,
     // and put in place                                                 [n_out][vocab]
+    // (pipelined: then sent on to job rank 0)
     const int32_t n_vocab = hp->n_vocab;
     const int32_t stride = shard_vocab_stride(sh, n_vocab);
     kern_matmul(pool, ks, m->output, ctx->xo, n_out, ctx->logits_part);
     comm_gather(tp, ctx->logits_part, (size_t)n_out * stride * sizeof(float), ctx->logits_all);
-    if (!shard_gets_logits(sh)) return;
+    if (sh->rank != 0) return;
     for (int32_t r = 0; r < sh->size; r++) {
         const int32_t v0 = shard_vocab_first(sh, n_vocab, r);
         const int32_t nv = shard_vocab_first(sh, n_vocab, r + 1) - v0;
@@ -392,4 +395,5 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
                    (size_t)nv * sizeof(float));
         }
     }
+    if (me != rank0) comm_send(ctx->comm, rank0, ctx->logits, (int64_t)n_out * n_vocab);
 }

@@ -422,16 +422,18 @@ static int shard_layers(struct loader *ld, const struct engine_model_params *p) 
     int err = shard_plan(ld->path, p->tp_rank, size, hp->n_head, hp->n_head_kv, hp->n_ff,
                          m->layers[0].ffn_down->type, &m->shard);
     if (!err) err = shard_plan_stage(ld->path, p->pp_rank, p->pp_size, hp->n_layer, &m->shard);
-    if (!err) shard_plan_vocab(hp->n_vocab, &m->shard);  // at TP 1: every row at stage 0
+    if (!err) shard_plan_vocab(hp->n_vocab, &m->shard);  // at TP 1: every row
     m->shard.sp_rank = p->sp_rank;
     m->shard.n_sp = p->sp_size;
     if (err || size == 1) return err;
-    if (m->shard.stage == 0) {
-        // The embedding's and the classifier's rows of this rank (one tensor when tied).
+    // The embedding's rows of this rank at stage 0, the classifier's at the last stage
+    // (one tensor when tied, cut once).
+    const bool is_tied = m->output == m->tok_embd;
+    if (shard_has_embedding(&m->shard) || (is_tied && shard_has_classifier(&m->shard))) {
         shard_cut_vocab(&m->shard, &m->tensors[m->tok_embd - m->tensors]);
-        if (m->output != m->tok_embd) {
-            shard_cut_vocab(&m->shard, &m->tensors[m->output - m->tensors]);
-        }
+    }
+    if (!is_tied && shard_has_classifier(&m->shard)) {
+        shard_cut_vocab(&m->shard, &m->tensors[m->output - m->tensors]);
     }
     const int32_t l0 = m->shard.layer0;
     for (int pass = 0; pass < 2; pass++) {  // check every layer of the stage, then cut
@@ -493,9 +495,10 @@ static int read_rows(struct gguf_file *f, const struct tensor *t) {
 }
 
 /* Reads the matrices this rank computes with, after shard_layers() cut them:
- * its stage's layer matrices (its rows and columns of each), and at stage 0
- * its vocabulary rows of the token embedding and of the classifier. Nothing else of the file's data is read, so a rank's memory
- * for weights is about its slices. */
+ * its stage's layer matrices (its rows and columns of each), its vocabulary
+ * rows of the token embedding at stage 0 and of the classifier at the last
+ * stage (the same rows of one tensor when tied). Nothing else of the file's
+ * data is read, so a rank's memory for weights is about its slices. */
 static int read_matrices(struct loader *ld) {
     struct engine_model *m = ld->m;
     const struct shard *sh = &m->shard;
@@ -506,10 +509,9 @@ static int read_matrices(struct loader *ld) {
                                       L->ffn_down};
         for (int k = 0; !err && k < 7; k++) err = read_rows(m->gguf, lm[k]);
     }
-    if (!err && shard_has_classifier(sh)) err = read_rows(m->gguf, m->tok_embd);
-    if (!err && shard_has_classifier(sh) && m->output != m->tok_embd) {
-        err = read_rows(m->gguf, m->output);
-    }
+    if (!err && shard_has_embedding(sh)) err = read_rows(m->gguf, m->tok_embd);
+    const bool is_read = m->output == m->tok_embd && shard_has_embedding(sh);  // tied, above
+    if (!err && shard_has_classifier(sh) && !is_read) err = read_rows(m->gguf, m->output);
     return err;
 }
 
@@ -533,8 +535,8 @@ static int pack_panels(struct loader *ld) {
                                       L->ffn_down};
         memcpy(mats + 7 * (il - l0), lm, sizeof(lm));
     }
-    // Only stage 0 runs the classifier (its rows of it, shard.h): the others never
-    // pack it.
+    // Only the last stage runs the classifier (its rows of it, shard.h): the others
+    // never pack it.
     const int64_t n_packed = shard_has_classifier(&m->shard) ? n_mats : n_mats - 1;
     mats[n_mats - 1] = m->output;
     size_t bytes = 0;
@@ -573,7 +575,10 @@ static int pack_panels(struct loader *ld) {
         kern_panel_pack(t, cur);
         t->panels = cur;
         cur += kern_panel_bytes(t);
-        if (t != m->tok_embd) drop_pages(t->data, span_bytes(t));
+        // A tied classifier's bytes stay where the embedding is looked up from them.
+        if (t != m->tok_embd || !shard_has_embedding(&m->shard)) {
+            drop_pages(t->data, span_bytes(t));
+        }
         in_done += span_bytes(t);
         if (ld->show_progress) progress_update(&pr, (int64_t)in_done);
     }

@@ -117,7 +117,7 @@ void shard_cut_layer(const struct shard *sh, int32_t head_dim, const struct shar
 void shard_plan_vocab(int32_t n_vocab, struct shard *sh) {
     sh->vocab0 = 0;
     sh->n_vocab = 0;
-    if (sh->stage > 0) return;
+    if (!shard_has_embedding(sh) && !shard_has_classifier(sh)) return;
     sh->vocab0 = shard_vocab_first(sh, n_vocab, sh->rank);
     sh->n_vocab = shard_vocab_first(sh, n_vocab, sh->rank + 1) - sh->vocab0;
 }

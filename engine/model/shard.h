@@ -30,10 +30,14 @@
  *
  * Pipeline parallelism (PP): stage p of PP holds the contiguous layers
  * [n_layer * p / PP, n_layer * (p + 1) / PP) and packs only those (its KV
- * pool has only those layers too); stage 0 also the embedding and the
- * classifier (split over its TP ranks as above; later stages hold neither). The job's ranks are stages times TP ranks, stage-major (job
- * rank = stage * TP + TP rank); under TP x PP each stage has TP ranks, and
- * the allreduces run among them alone.
+ * pool has only those layers too); stage 0 also holds the embedding and the
+ * last stage the final norm's classifier, each split over its stage's TP
+ * ranks as above (the same rows), so that no stage holds both: the
+ * embedding is where the residual stream starts and the classifier where it
+ * ends. The last stage sends the logits to job rank 0, which samples. The
+ * job's ranks are stages times TP ranks, stage-major (job rank = stage * TP
+ * + TP rank); under TP x PP each stage has TP ranks, and the allreduces run
+ * among them alone.
  */
 #ifndef LLMSERVE_SHARD_H
 #define LLMSERVE_SHARD_H
@@ -58,8 +62,9 @@ struct shard {
     int32_t n_layer;    // layers of this stage (all of them at PP 1)
     int32_t sp_rank;    // sequence parallelism: this rank's share of a step's tokens
     int32_t n_sp;       // SP ranks; 1: every token here (SP is never combined with TP, PP)
-    int32_t vocab0;     // first vocabulary row of its embedding and classifier slice
-    int32_t n_vocab;    // rows of that slice: all at TP 1, 0 on stages after the first
+    int32_t vocab0;     // first vocabulary row of its embedding or classifier slice
+    int32_t n_vocab;    // rows of that slice: all at TP 1; 0 on stages between the first
+                        //   and the last, which hold neither
 };
 
 /* The job's rank of this slice, and the job's size (stages x TP ranks, or
@@ -77,9 +82,15 @@ static inline int32_t shard_sp_first(const struct shard *sh, int32_t T, int32_t 
     return (int32_t)((int64_t)T * r / sh->n_sp);
 }
 
-/* Whether this slice embeds tokens and runs the final norm and its rows of
- * the classifier: the ranks of stage 0. */
-static inline bool shard_has_classifier(const struct shard *sh) { return sh->stage == 0; }
+/* Whether this slice embeds tokens (its rows of the token embedding): the
+ * ranks of stage 0. */
+static inline bool shard_has_embedding(const struct shard *sh) { return sh->stage == 0; }
+
+/* Whether this slice runs the final norm and its rows of the classifier: the
+ * ranks of the last stage (stage 0 without pipeline stages). */
+static inline bool shard_has_classifier(const struct shard *sh) {
+    return sh->stage == sh->n_stages - 1;
+}
 
 /* Whether this rank gathers every row of the logits (and samples from them):
  * job rank 0. */
@@ -98,10 +109,11 @@ int shard_plan_stage(const char *path, int32_t stage, int32_t n_stages, int32_t 
                      struct shard *sh);
 
 /* sh's vocab0/n_vocab over n_vocab rows: rows [V * r / TP, V * (r + 1) / TP)
- * for TP rank r at stage 0 (stage and TP planned first), none later. */
+ * for TP rank r at the first and the last stage (stage and TP planned
+ * first), none between. */
 void shard_plan_vocab(int32_t n_vocab, struct shard *sh);
 
-/* The first vocabulary row of TP rank r's slice (any stage-0 rank may ask). */
+/* The first vocabulary row of TP rank r's slice (any rank may ask). */
 static inline int32_t shard_vocab_first(const struct shard *sh, int32_t n_vocab, int32_t r) {
     return (int32_t)((int64_t)n_vocab * r / sh->size);
 }

@@ -137,8 +137,9 @@ static struct engine_model *load_stage(const char *name, int32_t stage, int32_t 
 
 /* Pipeline stages of the 2-layer llama-q8_0: stage s of 2 holds layer s, packs
  * only that layer's matrices (the other's have no panels), and its KV block is
- * half the whole model's (one layer of two). Only stage 0 packs the
- * classifier. One stage per layer at most: 3 stages are refused. */
+ * half the whole model's (one layer of two). Only the last stage packs the
+ * classifier; stage 0 holds the embedding, the last the classifier, each all
+ * 300 rows at TP 1. One stage per layer at most: 3 stages are refused. */
 static void test_shard_pipeline_stages_hold_their_layers(void **state) {
     (void)state;
     int err;
@@ -159,8 +160,10 @@ static void test_shard_pipeline_stages_hold_their_layers(void **state) {
             assert_true((L->ffn_down->panels != NULL) == mine);
             assert_int_equal(L->wq->ne[1], whole->layers[il].wq->ne[1]);  // not cut: TP 1
         }
-        assert_true((m->output->panels != NULL) == (stage == 0));
-        assert_int_equal(m->shard.n_vocab, stage == 0 ? 300 : 0);  // later stages: no rows
+        assert_true((m->output->panels != NULL) == (stage == 1));
+        assert_true(shard_has_embedding(&m->shard) == (stage == 0));
+        assert_true(shard_has_classifier(&m->shard) == (stage == 1));
+        assert_int_equal(m->shard.n_vocab, 300);
         assert_int_equal(engine_kv_block_bytes(m, 16, ENGINE_KV_TYPE_F32) * 2,
                          engine_kv_block_bytes(whole, 16, ENGINE_KV_TYPE_F32));
         engine_model_free(m);

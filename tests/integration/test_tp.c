@@ -441,12 +441,17 @@ static void test_parallel_ranks_read_only_their_slices(void **state) {
     check_rank_reads(httptest_model("llama-q8_0"), "--tp 2", 2);
     check_rank_reads(httptest_model("qwen2-f32"), "--tp 2", 2);
     check_rank_reads(httptest_model("llama-kv4-q8_0"), "--pp 2", 2);
+    // tied: stage 0 reads its rows of the one tensor for the embedding, the last stage
+    // the same rows for the classifier
+    check_rank_reads(httptest_model("llama-kv4-tied-v301"), "--pp 2", 2);
+    check_rank_reads(httptest_model("llama-kv4-tied-v301"), "--tp 2 --pp 2", 4);
     const char *shared = testutil_shared_dir();
     if (shared) {
         char stories[4096];
         snprintf(stories, sizeof(stories), "%s/models/stories260K.gguf", shared);
         check_rank_reads(stories, "--tp 4", 4);
         check_rank_reads(stories, "--pp 2", 2);
+        check_rank_reads(stories, "--pp 4", 4);  // 5 layers: stages 1 and 2 read no rows
     }
 }
 
@@ -574,10 +579,11 @@ static void test_pp_serve_completion_matches_one_process(void **state) {
  * implies, by hand (stories260K: 5 layers of width 64, so stage 0 has layers
  * 0-1 and stage 1 layers 2-4): per forward token, 2 allreduces per layer of
  * its stage among its own stage's 2 ranks (64 floats x 4 bytes each), at
- * stage 0 one more for the embedding's vocabulary rows, plus the residual
- * stream it sends on (stage 0 to stage 1, stage 1 back to stage 0); per step
- * at stage 0 the logits of its 256 vocabulary rows for the one row that
- * wants them; plus a few ints of agreement and the 48-byte reports. */
+ * stage 0 one more for the embedding's vocabulary rows and the residual
+ * stream it sends on to stage 1; per step at stage 1 (the classifier's) the
+ * logits of the one row that wants them: rank 3 gives its 256 vocabulary
+ * rows to rank 2, which sends all 512 to rank 0; plus a few ints of
+ * agreement and the 48-byte reports. */
 static void test_tpxpp_serve_completion_matches_one_process(void **state) {
     (void)state;
     const char *model = stories_or_skip();
@@ -605,8 +611,9 @@ static void test_tpxpp_serve_completion_matches_one_process(void **state) {
     assert_non_null(r.body);
     assert_true(httptest_metric(r.body, "llmserve_ranks") == 4.0);
     const double row = 64 * 4;  // one token's residual stream, bytes
-    const double want[4] = {0, (2 * 2 + 1 + 1) * row * tokens + steps * 256 * 4,
-                            (2 * 3 + 1) * row * tokens, (2 * 3 + 1) * row * tokens};
+    const double want[4] = {0, (2 * 2 + 1 + 1) * row * tokens,
+                            2 * 3 * row * tokens + steps * 512 * 4,
+                            2 * 3 * row * tokens + steps * 256 * 4};
     for (int rank = 0; rank < 4; rank++) {
         char name[128];
         snprintf(name, sizeof(name), "llmserve_rank_steps_total{rank=\"%d\"}", rank);
