@@ -293,6 +293,17 @@ static bool emit_token(struct scheduler *s, struct seq *sq, const float *row, in
     bool is_dead = false;
     const uint64_t *allow = grammar_allow(s, sq, &is_dead);
     buf_reset(&s->text);
+    if (is_dead && grammar_is_cut_dead(sq->grammar)) {
+        // Not a dead end: a grammar too ambiguous to follow within a mask's bound of
+        // work (grammar.h). Ending with "stop" would say the grammar is complete.
+        LOG_WARN("seq=%llu: its grammar is too ambiguous to follow (every token mask hit "
+                 "the matcher's bound of work); ending it with an error",
+                 (unsigned long long)sq->id);
+        seq_queue_remove(&s->running, sq);
+        sq->status = SEQ_STATUS_FINISHED_ERROR;
+        finish_seq(s, sq, ERR_UNSUPPORTED);
+        return false;
+    }
     if (is_dead) {  // nothing can continue the grammar: end here, truthfully "stop"
         LOG_DEBUG("seq=%llu grammar has no allowed token; stopping", (unsigned long long)sq->id);
         grammar_stop(s, sq);

@@ -33,6 +33,7 @@
 #define GRAMMAR_TABLES_MAX 4096    // transition tables (1 KiB each)
 #define GRAMMAR_MASKS_MAX 32       // cached token masks
 #define GRAMMAR_CLOSURE_MAX (1 << 16)  // configurations one closure may visit
+#define GRAMMAR_MASK_WORK (1 << 18)    // stacks and configurations one token mask may visit
 #define GRAMMAR_TRANS_UNKNOWN (-2)
 #define GRAMMAR_TRANS_DEAD (-1)
 
@@ -189,6 +190,11 @@ struct grammar {
     int32_t *node_index;       // owned; open addressing, -1 empty, [node_index_mask + 1]
     uint32_t node_index_mask;
     uint32_t epoch;
+    int64_t n_masks_cut;       // masks whose walk used up its work (grammar_n_masks_cut)
+    bool is_cut_dead;          // the last mask was cut short and allowed nothing
+    bool is_budgeted;          // inside grammar_mask(): its walk has a bound of work
+    bool is_over_budget;       // ... and has used it up: what it has not seen is not allowed
+    int64_t work_left;         // stacks and configurations it may still visit
     // states
     struct gstate *states;     // owned; [n_states]
     int32_t n_states;
@@ -326,6 +332,18 @@ static int32_t state_intern(struct grammar *gm, int32_t *ids, int32_t n) {
     return id;
 }
 
+/* Takes n units of the running mask's work (a stack or a configuration
+ * visited); false once it has none left. Without a mask running, always true. */
+static bool spend(struct grammar *gm, int64_t n) {
+    if (!gm->is_budgeted) return true;
+    if (gm->is_over_budget || gm->work_left < n) {
+        gm->is_over_budget = true;
+        return false;
+    }
+    gm->work_left -= n;
+    return true;
+}
+
 /* Runs the closure of the pending (pos, parent) configurations in gm->work:
  * every stack top that is a BYTE item (or the empty stack) goes to gm->out.
  *   BYTE at pos: a stack top;
@@ -343,6 +361,7 @@ static bool closure(struct grammar *gm) {
     }
     int32_t n_visited = 0;
     while (gm->n_work > 0) {
+        if (!spend(gm, 1)) return false;  // the mask's budget
         int32_t parent = gm->work[--gm->n_work];
         int32_t pos = gm->work[--gm->n_work];
         int32_t node = node_intern(gm, pos, parent);
@@ -384,6 +403,7 @@ static int32_t advance(struct grammar *gm, int32_t st, uint8_t b) {
     gm->n_work = 0;
     int32_t off = gm->states[st].off;
     int32_t n = gm->states[st].n;
+    if (!spend(gm, n)) return GRAMMAR_TRANS_DEAD;  // the mask's budget
     for (int32_t i = 0; i < n; i++) {
         int32_t node = gm->st_nodes[off + i];
         if (node == 0) continue;  // the empty stack takes no byte
@@ -402,6 +422,7 @@ static int32_t trans(struct grammar *gm, int32_t st, uint8_t b) {
     int32_t table = gm->states[st].table;
     if (table >= 0 && gm->tables[table][b] != GRAMMAR_TRANS_UNKNOWN) return gm->tables[table][b];
     int32_t t = advance(gm, st, b);
+    if (gm->is_over_budget) return t;  // cut short by the mask's budget: not the answer
     if (table < 0 && gm->n_tables < GRAMMAR_TABLES_MAX) {
         if ((gm->n_tables & (gm->n_tables - 1)) == 0) {  // 0, 1, 2, 4, ...: grow
             size_t cap = gm->n_tables ? (size_t)gm->n_tables * 2 : 1;
@@ -423,15 +444,20 @@ static bool state_is_done(const struct grammar *gm, int32_t st) {
 /* Empties every table and re-creates the current state's stacks alone. */
 static void compact(struct grammar *gm) {
     const struct gstate *cur = &gm->states[gm->cur];
-    // chains: for each stack, its positions top first, then -1
-    int32_t *chains = NULL;
-    int32_t n_chains = 0;
-    int32_t cap_chains = 0;
-    for (int32_t i = 0; i < cur->n; i++) {
-        for (int32_t node = gm->st_nodes[cur->off + i]; node != 0; node = gm->node_parent[node])
-            push2(&chains, &n_chains, &cap_chains, gm->node_pos[node]);
-        push2(&chains, &n_chains, &cap_chains, -1);
-    }
+    // The current stacks share their tails (a node's parent is a node): copy that graph,
+    // each reachable node once, in O(nodes) (walking every stack to its bottom would be
+    // O(stacks x depth): seconds for 2^16 ambiguous stacks 100 frames deep).
+    const int32_t n_old = gm->n_nodes;
+    int32_t *old_pos = xmalloc((size_t)n_old * sizeof(int32_t));
+    int32_t *old_parent = xmalloc((size_t)n_old * sizeof(int32_t));
+    int32_t *remap = xmalloc((size_t)n_old * sizeof(int32_t));  // old node -> new, -1: not yet
+    memcpy(old_pos, gm->node_pos, (size_t)n_old * sizeof(int32_t));
+    memcpy(old_parent, gm->node_parent, (size_t)n_old * sizeof(int32_t));
+    for (int32_t i = 0; i < n_old; i++) remap[i] = -1;
+    remap[0] = 0;
+    const int32_t n_tops = cur->n;
+    int32_t *tops = xmalloc(((size_t)n_tops ? (size_t)n_tops : 1) * sizeof(int32_t));
+    memcpy(tops, &gm->st_nodes[cur->off], (size_t)n_tops * sizeof(int32_t));
     gm->n_nodes = 1;
     node_index_rebuild(gm, 1024);
     gm->n_states = 0;
@@ -442,15 +468,24 @@ static void compact(struct grammar *gm) {
     gm->tables = NULL;
     for (int32_t k = 0; k < GRAMMAR_MASKS_MAX; k++) gm->mask_owner[k] = -1;
     gm->n_out = 0;
-    int32_t start = 0;
-    for (int32_t i = 0; i < n_chains; i++) {
-        if (chains[i] != -1) continue;
-        int32_t parent = 0;
-        for (int32_t j = i - 1; j >= start; j--) parent = node_intern(gm, chains[j], parent);
-        push2(&gm->out, &gm->n_out, &gm->cap_out, parent);
-        start = i + 1;
+    int32_t *path = NULL;  // old nodes from a top down to the first one already copied
+    int32_t n_path = 0, cap_path = 0;
+    for (int32_t i = 0; i < n_tops; i++) {
+        n_path = 0;
+        for (int32_t node = tops[i]; remap[node] < 0; node = old_parent[node]) {
+            push2(&path, &n_path, &cap_path, node);
+        }
+        for (int32_t j = n_path - 1; j >= 0; j--) {  // bottom up: the parent is copied first
+            const int32_t node = path[j];
+            remap[node] = node_intern(gm, old_pos[node], remap[old_parent[node]]);
+        }
+        push2(&gm->out, &gm->n_out, &gm->cap_out, remap[tops[i]]);
     }
-    free(chains);
+    free(path);
+    free(tops);
+    free(remap);
+    free(old_parent);
+    free(old_pos);
     gm->cur = state_intern(gm, gm->out, gm->n_out);
 }
 
@@ -499,6 +534,7 @@ void grammar_free(struct grammar *gm) {
 int32_t grammar_mask(struct grammar *gm, const struct grammar_vocab *v, uint64_t *allow) {
     size_t words = grammar_mask_words(v->n_vocab);
     memset(allow, 0, words * sizeof(*allow));
+    gm->is_cut_dead = false;
     int32_t st = gm->cur;
     if (st < 0) return 0;
     if (gm->mask_words == 0) gm->mask_words = words;
@@ -513,7 +549,14 @@ int32_t grammar_mask(struct grammar *gm, const struct grammar_vocab *v, uint64_t
         gm->walk = xrealloc(gm->walk, (size_t)gm->cap_walk * sizeof(*gm->walk));
     }
     // One preorder walk of the trie; walk[d] is the state after the first d
-    // bytes of the current path.
+    // bytes of the current path. Its work is bounded (GRAMMAR_MASK_WORK): a grammar
+    // ambiguous enough to follow 2^16 stacks at once could otherwise hold the step
+    // thread for a second per token (every other sequence with it). Past the bound
+    // the tokens not yet reached are not allowed: the mask stays sound (only tokens
+    // that continue the grammar), it is smaller.
+    gm->is_budgeted = true;
+    gm->is_over_budget = false;
+    gm->work_left = GRAMMAR_MASK_WORK;
     int32_t n_allowed = 0;
     gm->walk[0] = st;
     const struct vocab_node *nodes = v->nodes;
@@ -532,6 +575,8 @@ int32_t grammar_mask(struct grammar *gm, const struct grammar_vocab *v, uint64_t
         n_allowed += nd->tok1 - nd->tok0;
         i++;
     }
+    gm->is_budgeted = false;
+    if (gm->is_over_budget) gm->n_masks_cut++;
     if (gm->states[st].is_accepting) {
         for (int32_t k = 0; k < v->n_eog; k++) {
             int32_t id = v->eog[k];
@@ -539,6 +584,10 @@ int32_t grammar_mask(struct grammar *gm, const struct grammar_vocab *v, uint64_t
             allow[id >> 6] |= 1ull << (id & 63);
         }
     }
+    // A walk cut short with nothing allowed is no answer (grammar_is_cut_dead()): not
+    // cached, so that asking again cuts it again.
+    gm->is_cut_dead = gm->is_over_budget && n_allowed == 0;
+    if (gm->is_cut_dead) return 0;
     // Cache it, evicting round robin.
     if (!gm->masks) gm->masks = xmalloc((size_t)GRAMMAR_MASKS_MAX * words * sizeof(*gm->masks));
     slot = gm->next_mask;
@@ -583,5 +632,9 @@ bool grammar_allows_byte(struct grammar *gm, uint8_t b) {
 bool grammar_is_accepting(const struct grammar *gm) {
     return gm->cur >= 0 && gm->states[gm->cur].is_accepting;
 }
+
+int64_t grammar_n_masks_cut(const struct grammar *gm) { return gm->n_masks_cut; }
+
+bool grammar_is_cut_dead(const struct grammar *gm) { return gm->is_cut_dead; }
 
 int32_t grammar_n_states(const struct grammar *gm) { return gm->n_states; }

@@ -55,7 +55,11 @@ void grammar_free(struct grammar *gm);  // NULL-safe
 /* Writes the allowed tokens into allow [grammar_mask_words(n_vocab)] and
  * returns how many there are (0: a dead end, no token continues the grammar;
  * the caller ends the sequence). Caches per state, so calling it again before
- * the next accept is cheap. [the sequence's thread] */
+ * the next accept is cheap. The work of one call is bounded (2^18 stacks and
+ * configurations visited: tens of ms): for a grammar so ambiguous that the
+ * bound is reached, the tokens the walk has not reached by then are left out
+ * (grammar_n_masks_cut() counts such masks), so every allowed token still
+ * continues the grammar. [the sequence's thread] */
 int32_t grammar_mask(struct grammar *gm, const struct grammar_vocab *v, uint64_t *allow);
 
 enum grammar_step {
@@ -81,5 +85,13 @@ bool grammar_is_accepting(const struct grammar *gm);
 
 /* Lazily built automaton size, for tests and benchmarks. */
 int32_t grammar_n_states(const struct grammar *gm);
+
+/* Masks of this matcher cut short by grammar_mask()'s bound of work. */
+int64_t grammar_n_masks_cut(const struct grammar *gm);
+
+/* Whether the last grammar_mask() allowed nothing because it was cut short
+ * (not a dead end: the grammar was too ambiguous to follow; the caller ends
+ * the sequence with an error rather than as complete). */
+bool grammar_is_cut_dead(const struct grammar *gm);
 
 #endif // ENGINE_GRAMMAR_H

@@ -435,6 +435,7 @@ static void random_walks(const struct tokenizer *t, int n_walks, int n_steps, ui
             if (st == GRAMMAR_STEP_DONE) break;
             tokenizer_token_to_piece(t, id, false, &hist);
         }
+        assert_int_equal(grammar_n_masks_cut(gm), 0);  // a JSON grammar is far from the bound
         buf_free(&hist);
         grammar_free(gm);
     }
@@ -482,6 +483,60 @@ static void test_grammar_compaction_keeps_language(void **state) {
     grammar_free(gm);
 }
 
+/* A grammar ambiguous enough that the matcher follows tens of thousands of
+ * stacks at once (found by the grammar fuzz target: ')', '+' and '-' are
+ * both syntax and term characters, so each of them multiplies the ways to
+ * read the nesting): grammar_mask() stops at its bound of work instead of taking
+ * 100+ ms per token (docs/reliability.md), and what it allows stays sound.
+ * Oracle for the byte tokens: grammar_allows_byte(), which follows every
+ * stack without a bound; a cut mask may only leave tokens out, an uncut one
+ * must agree exactly. */
+static void test_grammar_ambiguous_masks_are_bounded_and_sound(void **state) {
+    (void)state;
+    struct tokenizer *t = syn_tokenizer();
+    struct grammar_vocab *v = grammar_vocab_create(t);
+    // [)-9] holds ')' and '+', '-', digits: each of those is both a term character and
+    // syntax. The drive is the fuzzer's input, the bytes the grammar accepted.
+    struct grammar *gm = make("root ::= expr\n"
+                              "expr ::= term* ((\"+\" | \"-\") term)*\n"
+                              "term ::= [)-9]+ | \"(\" expr \")\"\n");
+    static const char text[] =
+        "(1+2)))))))))))))))))))))))))))))))-9+()(1+2)(((((+()(1+2)(1+2)(((((+()(1+2)"
+        "(((((((((((((((((((((((((((((((((((((((()))))))))))))))))))))))-9+"
+        "((((((((((((((((((((((((()9((1(5";
+    struct buf drive = {0};
+    buf_append(&drive, text, sizeof(text) - 1);
+    uint64_t m[(N_VOCAB + 63) / 64];
+    int64_t n_cut = 0;
+    for (size_t i = 0; i < drive.len; i++) {
+        const int64_t cut0 = grammar_n_masks_cut(gm);
+        const int32_t n = grammar_mask(gm, v, m);
+        const bool is_cut = grammar_n_masks_cut(gm) > cut0;
+        n_cut += is_cut;
+        int32_t n_set = 0;
+        for (int b = 0; b < 256; b++) {
+            const bool in_mask = has(m, byte_tok(b));
+            // outside the grammar's bytes, [(-9], nothing is ever allowed
+            const bool allowed = b >= '(' && b <= '9' && grammar_allows_byte(gm, (uint8_t)b);
+            if (in_mask && !allowed) fail_msg("byte %d: %d allowed, not in the grammar", (int)i, b);
+            if (!is_cut && in_mask != allowed) fail_msg("byte %d: %d left out of an uncut mask", (int)i, b);
+        }
+        for (int32_t id = 0; id < N_VOCAB; id++) n_set += has(m, id);
+        assert_int_equal(n, n_set);
+        assert_true(n > 0 || is_cut);  // the grammar never dead-ends on this drive
+        if (n == 0) assert_true(grammar_is_cut_dead(gm));
+        const uint8_t c = (uint8_t)drive.data[i];
+        assert_true(grammar_allows_byte(gm, c));
+        assert_int_not_equal(grammar_accept_bytes(gm, &c, 1), GRAMMAR_STEP_REJECT);
+    }
+    print_message("%lld of %zu masks cut short\n", (long long)n_cut, drive.len);
+    assert_true(n_cut > 0);  // the bound was reached: the test reaches the cut path
+    buf_free(&drive);
+    grammar_free(gm);
+    grammar_vocab_free(v);
+    tokenizer_free(t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_grammar_recogniser_oracle_is_sound),
@@ -490,6 +545,7 @@ int main(void) {
         cmocka_unit_test(test_grammar_mask_matches_brute_force_synthetic),
         cmocka_unit_test(test_grammar_mask_matches_brute_force_stories),
         cmocka_unit_test(test_grammar_compaction_keeps_language),
+        cmocka_unit_test(test_grammar_ambiguous_masks_are_bounded_and_sound),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
