@@ -94,14 +94,6 @@ void comm_recv(struct comm *c, int32_t from, float *x, int64_t n) {
     comm_abort(c, 1, from == 0 ? "comm_recv from itself" : "comm_recv in one process");
 }
 
-void comm_send_async(struct comm *c, int32_t to, const float *x, int64_t n) {
-    comm_send(c, to, x, n);
-}
-
-void comm_wait_sends(struct comm *c) {
-    (void)c;
-}
-
 void comm_allgather_parts(struct comm *c, float *all, const int64_t *counts) {
     (void)c;
     (void)all;

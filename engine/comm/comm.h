@@ -73,15 +73,6 @@ void comm_allreduce_sum(struct comm *c, float *x, int64_t n);
 void comm_send(struct comm *c, int32_t to, const float *x, int64_t n);
 void comm_recv(struct comm *c, int32_t from, float *x, int64_t n);
 
-/* comm_send that returns at once: x must stay as it is until comm_wait_sends.
- * Sends to one rank arrive in the order they were made. For a pipeline's last
- * stage, whose sends back to stage 0 would otherwise wait on stage 0 while it
- * is still sending the next micro-batch forward (a cycle). */
-void comm_send_async(struct comm *c, int32_t to, const float *x, int64_t n);
-
-/* Waits until every comm_send_async of this rank has been delivered. */
-void comm_wait_sends(struct comm *c);
-
 /* In place, over all of c's ranks: all holds counts[0] floats of rank 0,
  * then counts[1] of rank 1, and so on; each rank has written its own part,
  * and afterwards every rank has every part (allgatherv). Each count fits an

@@ -35,9 +35,6 @@ struct comm {
     uint64_t *parent_bytes;  // a split comm: its parent's bytes_sent, counted too (else NULL)
     bool is_finalize_owned;  // we called MPI_Init_thread, so we call MPI_Finalize
     bool is_split;           // mc is ours to free (MPI_Comm_free)
-    MPI_Request *sends;      // [cap_sends] comm_send_async's requests not yet waited for
-    int n_sends;
-    int cap_sends;
     int *part_counts;        // [size] scratch of the *_parts collectives (or NULL)
     int *part_displs;        // [size]
 };
@@ -120,8 +117,6 @@ int comm_split(struct comm *c, int32_t color, int32_t key, struct comm **out) {
 
 void comm_close(struct comm *c) {
     if (!c) return;
-    if (c->n_sends > 0) comm_wait_sends(c);
-    free(c->sends);
     free(c->part_counts);
     free(c->part_displs);
     if (c->is_split) MPI_Comm_free(&c->mc);
@@ -213,24 +208,6 @@ void comm_recv(struct comm *c, int32_t from, float *x, int64_t n) {
         x += k;
         n -= k;
     }
-}
-
-void comm_send_async(struct comm *c, int32_t to, const float *x, int64_t n) {
-    ASSERT(c && c->size > 1 && to >= 0 && to < c->size && to != c->rank && n >= 0 &&
-           n <= INT_MAX);
-    if (c->n_sends == c->cap_sends) {
-        const int cap = c->cap_sends ? 2 * c->cap_sends : 16;
-        c->sends = xrealloc(c->sends, (size_t)cap * sizeof(*c->sends));
-        c->cap_sends = cap;
-    }
-    MPI_Isend(x, (int)n, MPI_FLOAT, to, 0, c->mc, &c->sends[c->n_sends++]);
-    count_sent(c, (uint64_t)n * sizeof(float));
-}
-
-void comm_wait_sends(struct comm *c) {
-    if (!c || c->n_sends == 0) return;
-    MPI_Waitall(c->n_sends, c->sends, MPI_STATUSES_IGNORE);
-    c->n_sends = 0;
 }
 
 /* counts as ints, and their displacements, in the comm's scratch; the total. */
