@@ -60,8 +60,10 @@ int32_t comm_size(const struct comm *c);  // 1 for NULL
 void comm_bcast(struct comm *c, void *p, size_t bytes);
 
 /* comm_bcast for a message the receivers may wait long for (the next step of
- * an idle server): they poll with growing sleeps (up to 1 ms) instead of
- * spinning in the MPI library, so an idle follower rank costs no CPU. */
+ * an idle server): they poll, yielding the CPU between tests for the first
+ * 20 ms (the next step of a busy server comes sooner: no oversleeping it),
+ * then with growing sleeps (up to 1 ms) instead of spinning in the MPI
+ * library, so an idle follower rank costs no CPU. */
 void comm_bcast_idle(struct comm *c, void *p, size_t bytes);
 
 /* x[i] = sum over ranks of x[i], the same result on every rank. */

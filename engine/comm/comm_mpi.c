@@ -16,6 +16,7 @@
 
 #include <limits.h>
 #include <stdbool.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -139,6 +140,8 @@ int32_t comm_size(const struct comm *c) {
     return c ? c->size : 1;
 }
 
+#define IDLE_YIELD_NS 20000000LL  // 20 ms: longer than a decode step of a model worth splitting
+
 /* Broadcasts p in slices of at most INT_MAX bytes (MPI counts are int); is_idle:
  * the receivers poll (comm_bcast_idle). */
 static void bcast_slices(struct comm *c, void *p, size_t bytes, bool is_idle) {
@@ -148,14 +151,27 @@ static void bcast_slices(struct comm *c, void *p, size_t bytes, bool is_idle) {
         if (!is_idle) {
             MPI_Bcast(cur, n, MPI_BYTE, 0, c->mc);
         } else {
-            // Non-blocking broadcast, tested with sleeps from 10 us up to 1 ms between tests.
+            // Non-blocking broadcast, tested with a yield between tests for the first
+            // IDLE_YIELD_NS (the next step of a busy server comes within a step's time:
+            // a rank that finished its part early, such as a stage-0 rank under TP x PP,
+            // must not oversleep it), then with sleeps from 10 us up to 1 ms.
             MPI_Request req;
             MPI_Ibcast(cur, n, MPI_BYTE, 0, c->mc, &req);
             int is_done = 0;
             long sleep_ns = 10000;
+            struct timespec t0;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
             for (;;) {
                 MPI_Test(&req, &is_done, MPI_STATUS_IGNORE);
                 if (is_done) break;
+                struct timespec now;
+                clock_gettime(CLOCK_MONOTONIC, &now);
+                const long long waited_ns = (long long)(now.tv_sec - t0.tv_sec) * 1000000000LL +
+                                            (now.tv_nsec - t0.tv_nsec);
+                if (waited_ns < IDLE_YIELD_NS) {
+                    sched_yield();
+                    continue;
+                }
                 struct timespec ts = {.tv_sec = 0, .tv_nsec = sleep_ns};
                 nanosleep(&ts, NULL);
                 if (sleep_ns < 1000000) sleep_ns *= 2;
