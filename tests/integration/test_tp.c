@@ -472,6 +472,40 @@ static void test_tp_generate_refuses_wrong_sizes(void **state) {
     assert_non_null(strstr(out, "2 kv heads to be a multiple of 4"));
 }
 
+/* A served job's figures after the README completion, whose prompt had p1
+ * tokens: past the report interval (ENGINE_RANK_REPORT_MS) the next step
+ * asks every rank for its figures, so a 1-token completion then makes each
+ * rank's report count every step so far (rank 0's own figures are always
+ * fresh). The steps are 1 prefill + 29 decodes (the first token comes from
+ * the prefill) + 1 prefill, into *steps, and their tokens into *tokens.
+ * The reply can come before the step that sent it has published its figures
+ * (emit, then publish): /metrics is polled, boundedly, until rank 0 shows
+ * the last step, into *metrics (the caller frees it). */
+static void figures_after_readme(int port, long long p1, double *steps, double *tokens,
+                                 struct httptest_resp *metrics) {
+    httptest_sleep_ms(1100);
+    struct httptest_resp r;
+    assert_int_equal(httptest_request(port, "POST", "/v1/completions", NULL,
+                                      "{\"prompt\": \"Lily\", \"max_tokens\": 1, "
+                                      "\"temperature\": 0}",
+                                      &r),
+                     200);
+    const long long p2 = httptest_json_int(r.body, "prompt_tokens", -1);
+    assert_true(p2 > 0);
+    httptest_resp_free(&r);
+    *steps = 1 + 29 + 1;
+    *tokens = (double)p1 + 29 + (double)p2;
+    for (int i = 0; i < 200; i++) {
+        assert_int_equal(httptest_request(port, "GET", "/metrics", NULL, NULL, metrics), 200);
+        if (httptest_metric(metrics->body, "llmserve_rank_steps_total{rank=\"0\"}") == *steps) {
+            return;
+        }
+        httptest_resp_free(metrics);
+        httptest_sleep_ms(25);
+    }
+    fail_msg("rank 0 never showed %.0f steps", *steps);
+}
+
 /* serve --tp 2: /health answers, a greedy completion is the README's text
  * (the single-process `generate -p "Once upon a time" -n 30 --temp 0`),
  * /metrics and /health report both ranks, and SIGTERM ends the job. */
@@ -482,38 +516,16 @@ static void test_tp_serve_completion_matches_one_process(void **state) {
     start_job(&s, model, 2, "--tp 2");
     struct httptest_resp r;
     const long long p1 = check_readme_completion(s.port);
+    double steps, tokens;
+    figures_after_readme(s.port, p1, &steps, &tokens, &r);
 
-    // Past the report interval (ENGINE_RANK_REPORT_MS) the next step asks every rank for
-    // its figures: that of a 1-token completion, so each rank's report counts every step
-    // so far. Rank 0's own figures are always fresh.
-    httptest_sleep_ms(1100);
-    assert_int_equal(httptest_request(s.port, "POST", "/v1/completions", NULL,
-                                      "{\"prompt\": \"Lily\", \"max_tokens\": 1, "
-                                      "\"temperature\": 0}",
-                                      &r),
-                     200);
-    const long long p2 = httptest_json_int(r.body, "prompt_tokens", -1);
-    assert_true(p2 > 0);
-    httptest_resp_free(&r);
-
-    // Oracles by hand: steps = 1 prefill + 29 decodes (the first token comes from the
-    // prefill) + 1 prefill; rank 1 hands (2 allreduces x 5 layers + 1 for the embedding's
+    // Oracles by hand: rank 1 hands (2 allreduces x 5 layers + 1 for the embedding's
     // vocabulary rows) x 64 floats x 4 bytes per forward token to the collectives
     // (stories260K: ../shared/models/README.md), and per step the logits of its 256 of
     // the 512 vocabulary rows for the one row that wants them (gathered on rank 0), plus
     // a few ints of agreement and its 48-byte reports.
-    const double steps = 1 + 29 + 1;
-    const double tokens = (double)p1 + 29 + (double)p2;
     const double allreduce_bytes = (2.0 * 5 + 1) * 64 * 4 * tokens;
     const double follower_bytes = allreduce_bytes + steps * 256 * 4;  // + its logits
-    // The reply can come before the step that sent it has published its figures
-    // (emit, then publish): poll, boundedly, until rank 0 shows the last step.
-    for (int i = 0; i < 200; i++) {
-        assert_int_equal(httptest_request(s.port, "GET", "/metrics", NULL, NULL, &r), 200);
-        if (httptest_metric(r.body, "llmserve_rank_steps_total{rank=\"0\"}") == steps) break;
-        httptest_resp_free(&r);
-        httptest_sleep_ms(25);
-    }
     assert_non_null(r.body);
     assert_true(httptest_metric(r.body, "llmserve_ranks") == 2.0);
     for (int rank = 0; rank < 2; rank++) {
@@ -591,23 +603,8 @@ static void test_tpxpp_serve_completion_matches_one_process(void **state) {
     start_job(&s, model, 4, "--tp 2 --pp 2");
     struct httptest_resp r;
     const long long p1 = check_readme_completion(s.port);
-    httptest_sleep_ms(1100);  // past ENGINE_RANK_REPORT_MS: the next step gathers reports
-    assert_int_equal(httptest_request(s.port, "POST", "/v1/completions", NULL,
-                                      "{\"prompt\": \"Lily\", \"max_tokens\": 1, "
-                                      "\"temperature\": 0}",
-                                      &r),
-                     200);
-    const long long p2 = httptest_json_int(r.body, "prompt_tokens", -1);
-    assert_true(p2 > 0);
-    httptest_resp_free(&r);
-    const double steps = 1 + 29 + 1;
-    const double tokens = (double)p1 + 29 + (double)p2;
-    for (int i = 0; i < 200; i++) {
-        assert_int_equal(httptest_request(s.port, "GET", "/metrics", NULL, NULL, &r), 200);
-        if (httptest_metric(r.body, "llmserve_rank_steps_total{rank=\"0\"}") == steps) break;
-        httptest_resp_free(&r);
-        httptest_sleep_ms(25);
-    }
+    double steps, tokens;
+    figures_after_readme(s.port, p1, &steps, &tokens, &r);
     assert_non_null(r.body);
     assert_true(httptest_metric(r.body, "llmserve_ranks") == 4.0);
     const double row = 64 * 4;  // one token's residual stream, bytes
