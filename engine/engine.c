@@ -412,8 +412,16 @@ static int set_slot_shared(struct engine_ctx *ctx, int32_t slot, struct engine_a
                            bool has_adapter) {
     if (!has_adapter) return set_slot(ctx, slot, NULL);
     struct engine_adapter *full = NULL, *mine = NULL;
+    const int64_t t0 = clock_mono_ns();
+    const uint64_t sent0 = comm_bytes_sent(ctx->comm);
     int err = adapter_share(ctx->comm, ctx->model, a, &full);
     if (err) return err;  // agreed
+    if (comm_rank(ctx->comm) == 0) {
+        LOG_INFO("adapter %s (id %llu) into slot %d: sent to %d ranks, %.1f MiB, %.1f ms",
+                 a->path, (unsigned long long)a->info.id, slot, comm_size(ctx->comm) - 1,
+                 (double)(comm_bytes_sent(ctx->comm) - sent0) / (1024.0 * 1024.0),
+                 (double)(clock_mono_ns() - t0) / 1e6);
+    }
     err = adapter_cut(full, ctx->model, &mine);
     engine_adapter_release(full);
     if (!err) err = adapter_batch_reserve(&ctx->ab, ctx->params.max_batch_tokens,
