@@ -187,6 +187,7 @@ int main(int argc, char **argv) {
         next_doc(&wr[b]);
     }
     long n_docs = 0, n_desync = 0;
+    int64_t n_cut = 0;  // masks cut short by the matcher's bound of work (grammar.h)
     for (int s = 0; s < steps; s++) {
         for (size_t i = 0; i < (size_t)batch * n_vocab; i++)
             logits[i] = (float)(rng(&x) >> 40) * (8.0f / (float)(1 << 24));  // U[0, 8)
@@ -212,6 +213,7 @@ int main(int argc, char **argv) {
             if (st == GRAMMAR_STEP_DONE || desync || wr[b].at == wr[b].doc.len) {
                 n_docs += st == GRAMMAR_STEP_DONE;
                 n_desync += desync;
+                n_cut += grammar_n_masks_cut(gm[b]);
                 grammar_free(gm[b]);  // the next document
                 gm[b] = grammar_create(g);
                 next_doc(&wr[b]);
@@ -238,12 +240,14 @@ int main(int argc, char **argv) {
     free(extra);
     int32_t n_states = 0;
     for (int b = 0; b < batch; b++) n_states += grammar_n_states(gm[b]);
+    for (int b = 0; b < batch; b++) n_cut += grammar_n_masks_cut(gm[b]);
     const char *name = strrchr(gguf_name(gf), '/');
     printf("| %s | %d | %d | %.0f | %d | %.3f | %.3f | %.3f | %.3f | %.2f |\n",
            name ? name + 1 : gguf_name(gf), (int)n_vocab, (int)grammar_vocab_n_nodes(gv), trie_ms,
            batch, mw, mo, mw - mo, extra_median, extra_max);
     fprintf(stderr, "bench_grammar: %d steps, %ld documents completed, %ld refused tokens, %d states "
-            "in the matchers at the end\n", steps, n_docs, n_desync, (int)n_states);
+            "in the matchers at the end, %lld masks cut at the bound of work\n", steps, n_docs,
+            n_desync, (int)n_states, (long long)n_cut);
     for (int b = 0; b < batch; b++) {
         grammar_free(gm[b]);
         sampler_free(sp[b]);
