@@ -38,17 +38,6 @@
 
 #define MAX_SEQS 8
 
-// The ctx a test has open, freed by the teardown when an assertion fails in
-// the middle, so that the other ranks return from engine_follow() and the job
-// fails instead of hanging.
-static struct engine_ctx *open_ctx;
-
-static int teardown_ctx(void **state) {
-    (void)state;
-    engine_ctx_free(open_ctx);
-    open_ctx = NULL;
-    return 0;
-}
 
 static int load_model(const char *name, struct engine_model **out) {
     char path[4096];
@@ -169,7 +158,7 @@ static void run_schedule(const struct fixture *f, int32_t block_size, int32_t ma
     if (!record_model) mpi_job_ctx(&cp);
     struct engine_ctx *ctx = NULL;
     assert_int_equal(engine_ctx_create(record_model ? record_model : f->model, &cp, &ctx), 0);
-    open_ctx = ctx;
+    mpi_job_open_ctx = ctx;
 
     // Block ids 1..total-1, optionally shuffled with a fixed LCG, dealt to sequences.
     int32_t *ids = malloc((size_t)total_blocks * sizeof(int32_t));
@@ -236,7 +225,7 @@ static void run_schedule(const struct fixture *f, int32_t block_size, int32_t ma
         }
     }
     free(ids);
-    open_ctx = NULL;
+    mpi_job_open_ctx = NULL;
     engine_ctx_free(ctx);
 }
 
@@ -394,7 +383,7 @@ static void test_forward_rejects_oversized_batch(void **state) {
     mpi_job_ctx(&cp);
     struct engine_ctx *ctx = NULL;
     assert_int_equal(engine_ctx_create(f.model, &cp, &ctx), 0);
-    open_ctx = ctx;
+    mpi_job_open_ctx = ctx;
     int32_t tok[5] = {1, 2, 3, 4, 5}, pos[5] = {0, 1, 2, 3, 4}, sq[5] = {0};
     int8_t out[5] = {1, 1, 1, 1, 1};
     int32_t table[1] = {1};
@@ -406,7 +395,7 @@ static void test_forward_rejects_oversized_batch(void **state) {
     assert_null(logits);
     b.n_tokens = 3;  // 3 outputs > max_outputs (= max_seqs = 1)
     assert_int_equal(engine_forward(ctx, &b, &logits), ERR_INVAL);
-    open_ctx = NULL;
+    mpi_job_open_ctx = NULL;
     engine_ctx_free(ctx);
     fixture_free(&f);
 }
@@ -417,21 +406,21 @@ int main(int argc, char **argv) {
     const int rc = mpi_job_start(argc, argv);
     if (rc >= 0) return rc;  // a follower's job has ended, or bad flags
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_teardown(test_forward_llama_f32, teardown_ctx),
-        cmocka_unit_test_teardown(test_forward_llama_f16_tied, teardown_ctx),
-        cmocka_unit_test_teardown(test_forward_llama_bf16_gqa_rope_freqs, teardown_ctx),
-        cmocka_unit_test_teardown(test_forward_qwen2_f32_bias_neox, teardown_ctx),
-        cmocka_unit_test_teardown(test_forward_qwen3_f32_qk_norm, teardown_ctx),
-        cmocka_unit_test_teardown(test_forward_llama_sliding_window_linear_rope, teardown_ctx),
-        cmocka_unit_test_teardown(test_forward_qwen2_yarn, teardown_ctx),
-        cmocka_unit_test_teardown(test_forward_portable_kernels_match, teardown_ctx),
-        cmocka_unit_test_teardown(test_forward_rejects_oversized_batch, teardown_ctx),
-        cmocka_unit_test_teardown(test_forward_llama_kv4_f32, teardown_ctx),
-        cmocka_unit_test_teardown(test_forward_llama_kv4_tied_v301, teardown_ctx),
-        cmocka_unit_test_teardown(test_forward_tp_q8_0_uneven_ffn_split, teardown_ctx),
-        cmocka_unit_test_teardown(test_forward_tp_q4_0, teardown_ctx),
-        cmocka_unit_test_teardown(test_forward_tp_kv4_q8_0, teardown_ctx),
-        cmocka_unit_test_teardown(test_forward_tp_refuses_split_inside_a_block, teardown_ctx),
+        MPI_JOB_TEST(test_forward_llama_f32),
+        MPI_JOB_TEST(test_forward_llama_f16_tied),
+        MPI_JOB_TEST(test_forward_llama_bf16_gqa_rope_freqs),
+        MPI_JOB_TEST(test_forward_qwen2_f32_bias_neox),
+        MPI_JOB_TEST(test_forward_qwen3_f32_qk_norm),
+        MPI_JOB_TEST(test_forward_llama_sliding_window_linear_rope),
+        MPI_JOB_TEST(test_forward_qwen2_yarn),
+        MPI_JOB_TEST(test_forward_portable_kernels_match),
+        MPI_JOB_TEST(test_forward_rejects_oversized_batch),
+        MPI_JOB_TEST(test_forward_llama_kv4_f32),
+        MPI_JOB_TEST(test_forward_llama_kv4_tied_v301),
+        MPI_JOB_TEST(test_forward_tp_q8_0_uneven_ffn_split),
+        MPI_JOB_TEST(test_forward_tp_q4_0),
+        MPI_JOB_TEST(test_forward_tp_kv4_q8_0),
+        MPI_JOB_TEST(test_forward_tp_refuses_split_inside_a_block),
     };
     const int n_failed = cmocka_run_group_tests(tests, NULL, NULL);
     mpi_job_end();

@@ -114,9 +114,7 @@ static const float *ref_row(const float *ref, const struct tokens *t, int s, int
 /* Adapter NAME of tests/models: a directory NAME/ or a file NAME.gguf. */
 static const char *adapter_path(const char *name) {
     static char path[4096];
-    snprintf(path, sizeof(path), "%s/%s", models_dir(), name);
-    if (!testutil_exists(path)) snprintf(path, sizeof(path), "%s/%s.gguf", models_dir(), name);
-    return path;
+    return testutil_adapter_path(name, path, sizeof(path));
 }
 
 static struct engine_adapter *load_adapter(const struct engine_model *m, const char *name) {
@@ -128,17 +126,6 @@ static struct engine_adapter *load_adapter(const struct engine_model *m, const c
 
 /* ---- running sequences --------------------------------------------------------- */
 
-// The ctx run() has open, freed by the teardown when an assertion fails in the
-// middle, so that under MPI the other ranks leave engine_follow() and the job
-// goes on to the next test instead of hanging.
-static struct engine_ctx *open_ctx;
-
-static int teardown_ctx(void **state) {
-    (void)state;
-    engine_ctx_free(open_ctx);
-    open_ctx = NULL;
-    return 0;
-}
 
 /* A virtual sequence: the token sequence src of the tokens file, run under
  * adapter slot `slot` (-1: none), chunk tokens per step (0: the schedule's). */
@@ -183,7 +170,7 @@ static float *run(const struct engine_model *m, const struct tokens *t, const st
     mpi_job_ctx(&cp);
     struct engine_ctx *ctx = NULL;
     assert_int_equal(engine_ctx_create(m, &cp, &ctx), 0);
-    open_ctx = ctx;
+    mpi_job_open_ctx = ctx;
     for (int32_t i = 0; i < n_slots; i++) {
         if (slots[i]) assert_int_equal(engine_ctx_set_adapter(ctx, i, slots[i]), 0);
     }
@@ -257,7 +244,7 @@ static float *run(const struct engine_model *m, const struct tokens *t, const st
                    (size_t)n_vocab * sizeof(float));
         }
     }
-    open_ctx = NULL;
+    mpi_job_open_ctx = NULL;
     engine_ctx_free(ctx);
     return out;
 }
@@ -1001,15 +988,14 @@ int main(int argc, char **argv) {
     // adapters against the same numpy references: rank 0 loads them, every rank
     // gets its cut of each (engine/compute/adapter_share.h).
     const struct CMUnitTest job_tests[] = {
-        cmocka_unit_test_teardown(test_lora_peft_llama_permuted_qk_matches_reference, teardown_ctx),
-        cmocka_unit_test_teardown(test_lora_gguf_converted_from_peft_is_bit_identical,
-                                  teardown_ctx),
-        cmocka_unit_test_teardown(test_lora_gguf_f16_matches_reference, teardown_ctx),
-        cmocka_unit_test_teardown(test_lora_peft_qwen2_neox_is_not_permuted, teardown_ctx),
-        cmocka_unit_test_teardown(test_lora_peft_gqa_f16_qk, teardown_ctx),
-        cmocka_unit_test_teardown(test_lora_peft_bf16_rslora_patterns, teardown_ctx),
-        cmocka_unit_test_teardown(test_lora_bottleneck_matches_reference, teardown_ctx),
-        cmocka_unit_test_teardown(test_lora_mixed_batch_equals_alone, teardown_ctx),
+        MPI_JOB_TEST(test_lora_peft_llama_permuted_qk_matches_reference),
+        MPI_JOB_TEST(test_lora_gguf_converted_from_peft_is_bit_identical),
+        MPI_JOB_TEST(test_lora_gguf_f16_matches_reference),
+        MPI_JOB_TEST(test_lora_peft_qwen2_neox_is_not_permuted),
+        MPI_JOB_TEST(test_lora_peft_gqa_f16_qk),
+        MPI_JOB_TEST(test_lora_peft_bf16_rslora_patterns),
+        MPI_JOB_TEST(test_lora_bottleneck_matches_reference),
+        MPI_JOB_TEST(test_lora_mixed_batch_equals_alone),
     };
     if (mpi_job.comm) {
         const int n_failed = cmocka_run_group_tests(job_tests, NULL, NULL);

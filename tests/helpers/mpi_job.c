@@ -9,6 +9,14 @@
 #include <string.h>
 
 struct mpi_job mpi_job = {.n_tp = 1, .n_pp = 1, .n_sp = 1};
+struct engine_ctx *mpi_job_open_ctx;
+
+int mpi_job_teardown_ctx(void **state) {
+    (void)state;
+    engine_ctx_free(mpi_job_open_ctx);
+    mpi_job_open_ctx = NULL;
+    return 0;
+}
 
 enum job_kind { JOB_END, JOB_LOAD, JOB_CTX, JOB_UNLOAD };
 struct job {

@@ -44,4 +44,14 @@ void mpi_job_unload(struct engine_model *m);
  * engine_ctx_create(). */
 void mpi_job_ctx(struct engine_ctx_params *p);
 
+/* The ctx a test has open (set it after engine_ctx_create(), clear it
+ * before its own free). A cmocka teardown, mpi_job_teardown_ctx(), frees it
+ * when an assertion failed in the middle, so that the other ranks leave
+ * engine_follow() and the job goes on instead of hanging. */
+extern struct engine_ctx *mpi_job_open_ctx;
+int mpi_job_teardown_ctx(void **state);
+
+/* A cmocka test with that teardown. */
+#define MPI_JOB_TEST(f) cmocka_unit_test_teardown(f, mpi_job_teardown_ctx)
+
 #endif

@@ -42,6 +42,14 @@ bool testutil_exists(const char *path) {
     return stat(path, &st) == 0;
 }
 
+const char *testutil_adapter_path(const char *name, char *buf, size_t size) {
+    snprintf(buf, size, "%s/tests/models/%s", testutil_build_dir(), name);
+    if (!testutil_exists(buf)) {
+        snprintf(buf, size, "%s/tests/models/%s.gguf", testutil_build_dir(), name);
+    }
+    return buf;
+}
+
 char *testutil_read_file(const char *path, size_t *out_len) {
     FILE *fp = fopen(path, "rb");
     if (!fp) return NULL;

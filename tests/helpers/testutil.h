@@ -24,6 +24,10 @@ const char *testutil_source_dir(void);
 /* True when path exists. */
 bool testutil_exists(const char *path);
 
+/* Adapter NAME of the build's tests/models (scripts/mklora): the directory
+ * NAME, else the file NAME.gguf, written into buf (size bytes); returns buf. */
+const char *testutil_adapter_path(const char *name, char *buf, size_t size);
+
 /* Reads a whole file (malloc'd, NUL-terminated; the caller frees) or NULL. */
 char *testutil_read_file(const char *path, size_t *out_len);
 

@@ -310,6 +310,10 @@ static void put_utf8(char **o, uint32_t c) {
     *o = (char *)u;
 }
 
+void httptest_no_nul(char *json) {
+    for (char *p = json; (p = strstr(p, "\\u0000")) != NULL; p += 6) p[5] = '1';
+}
+
 char *httptest_json_str(const char *json, const char *key) {
     const char *v = find_value(json, key);
     if (!v || *v != '"') return NULL;

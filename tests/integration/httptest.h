@@ -68,6 +68,11 @@ bool httptest_header(const struct httptest_resp *r, const char *name, char *out,
  * or NULL. */
 char *httptest_json_str(const char *json, const char *key);
 
+/* The synthetic vocabulary is mostly byte tokens, so generated text can hold
+ * U+0000, which a C string cannot: its JSON escapes in json become U+0001,
+ * in place (do it to every body compared, so comparisons stay exact). */
+void httptest_no_nul(char *json);
+
 /* The first integer value of "key", or def. */
 long long httptest_json_int(const char *json, const char *key, long long def);
 

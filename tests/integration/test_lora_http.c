@@ -117,13 +117,6 @@ static struct httptest_resp post(int port, const char *path, const char *hdrs, c
     return r;
 }
 
-/* The synthetic vocabulary is mostly byte tokens, so generated text can hold
- * U+0000, which a C string cannot: JSON escapes of it become U+0001 before
- * parsing (in every body compared, so comparisons stay exact). */
-static void no_nul(char *json) {
-    for (char *p = json; (p = strstr(p, "\\u0000")) != NULL; p += 6) p[5] = '1';
-}
-
 /* The greedy completion text of prompt under model (NULL: no "model"). */
 static char *complete(const char *model, int max_tokens) {
     char body[512];
@@ -132,7 +125,7 @@ static char *complete(const char *model, int max_tokens) {
              "\"ignore_eos\":true}",
              model ? "\"model\":\"" : "", model ? model : "", model ? "\"," : "", max_tokens);
     struct httptest_resp r = post(srv.port, "/v1/completions", NULL, body, 200);
-    no_nul(r.body);
+    httptest_no_nul(r.body);
     if (model) {
         char *m = httptest_json_str(r.body, "model");
         assert_string_equal(m, model);  // the response names the adapter
@@ -268,7 +261,7 @@ static void test_lora_load_and_unload_at_run_time(void **state) {
 
 /* The text of a completions stream: every chunk's "text", in order. */
 static char *stream_text(char *body) {
-    no_nul(body);
+    httptest_no_nul(body);
     int n = 0;
     char **ev = httptest_sse_events(body, &n);
     assert_true(n >= 2);
@@ -336,7 +329,7 @@ static char *complete_long(const char *model, double *out_hits) {
     double h0 = httptest_get_metric(srv.port, "llmserve_prefix_cache_hit_tokens_total");
     struct httptest_resp r = post(srv.port, "/v1/completions", NULL, body, 200);
     *out_hits = httptest_get_metric(srv.port, "llmserve_prefix_cache_hit_tokens_total") - h0;
-    no_nul(r.body);
+    httptest_no_nul(r.body);
     char *text = httptest_json_str(r.body, "text");
     assert_non_null(text);
     httptest_resp_free(&r);
@@ -420,7 +413,7 @@ static void test_lora_batch_selects_by_model(void **state) {
             assert_non_null(strstr(line, "\"error\""));
             continue;
         }
-        no_nul(line);
+        httptest_no_nul(line);
         char *got = httptest_json_str(line, "text");
         char *want = complete(models[i], 12);
         assert_string_equal(got, want);

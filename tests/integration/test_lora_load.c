@@ -51,11 +51,7 @@ static struct httptest_server srv;
 static const char *adapter(const char *name) {
     static char paths[16][4096];  // a ring: callers keep a few at once
     static int next;
-    char *p = paths[next++ % 16];
-    snprintf(p, sizeof(paths[0]), "%s/tests/models/%s", testutil_build_dir(), name);
-    if (!testutil_exists(p)) {
-        snprintf(p, sizeof(paths[0]), "%s/tests/models/%s.gguf", testutil_build_dir(), name);
-    }
+    const char *p = testutil_adapter_path(name, paths[next++ % 16], sizeof(paths[0]));
     if (!testutil_exists(p)) fail_msg("no adapter %s in tests/models", name);
     return p;
 }

@@ -243,16 +243,6 @@ static void test_tp_generate_synthetic_same_ids_as_one_process(void **state) {
     check_same_ids("qwen2-f32", "--tp 2", 2);
 }
 
-/* Adapter NAME of tests/models (scripts/mklora): a directory or NAME.gguf. */
-static const char *adapter_of(const char *name, char *path, size_t size) {
-    int n = snprintf(path, size, "%s/tests/models/%s", testutil_build_dir(), name);
-    if (!testutil_exists(path)) {
-        n = snprintf(path, size, "%s/tests/models/%s.gguf", testutil_build_dir(), name);
-    }
-    assert_true(n > 0 && (size_t)n < size);
-    return path;
-}
-
 /* Adapters under each split: `generate --lora` gives the ids of one process
  * with the same adapter (which is itself checked against the numpy merge in
  * tests/engine/test_lora.c), and they are not the base model's. One per
@@ -271,7 +261,7 @@ static void test_lora_generate_same_ids_as_one_process(void **state) {
              httptest_bin(), model, ids);
     assert_int_equal(run(cmd, base, sizeof(base)), 0);
     for (size_t a = 0; a < sizeof(adapters) / sizeof(adapters[0]); a++) {
-        adapter_of(adapters[a], path, sizeof(path));
+        testutil_adapter_path(adapters[a], path, sizeof(path));
         snprintf(cmd, sizeof(cmd),
                  "%s generate -m %s --prompt-ids %s -n 24 --ignore-eos -t 1 --lora x=%s",
                  httptest_bin(), model, ids, path);
@@ -290,8 +280,8 @@ static void test_lora_generate_same_ids_as_one_process(void **state) {
 }
 
 /* The greedy text of 16 tokens after [1,5,6,7,8] under adapter `model` (NULL:
- * the base), from the server on port; owned by the caller. The synthetic
- * vocabulary has byte tokens, so U+0000 escapes are made U+0001 first. */
+ * the base), from the server on port; owned by the caller (U+0000 made
+ * U+0001: httptest_no_nul). */
 static char *lora_completion(int port, const char *model) {
     char body[512];
     snprintf(body, sizeof(body),
@@ -300,7 +290,7 @@ static char *lora_completion(int port, const char *model) {
              model ? "\"model\":\"" : "", model ? model : "", model ? "\"," : "");
     struct httptest_resp r;
     assert_int_equal(httptest_request(port, "POST", "/v1/completions", NULL, body, &r), 200);
-    for (char *p = r.body; (p = strstr(p, "\\u0000")) != NULL; p += 6) p[5] = '1';
+    httptest_no_nul(r.body);
     char *text = httptest_json_str(r.body, "text");
     assert_non_null(text);
     httptest_resp_free(&r);
@@ -337,7 +327,7 @@ static void test_tp_serve_lora_matches_one_process(void **state) {
     (void)state;
     const char *model = httptest_model("llama-f32");
     char a_path[4096], args[8192];
-    adapter_of("llama-peft", a_path, sizeof(a_path));
+    testutil_adapter_path("llama-peft", a_path, sizeof(a_path));
     const char *b_path = "models/llama-bn";  // inside --lora-dir
     snprintf(args, sizeof(args),
              "--lora a=%s --allow-runtime-lora --lora-dir %s/tests --max-loras 1 -t 1", a_path,
