@@ -122,8 +122,7 @@ static int build(const struct engine_model *m, const int64_t *hdr, const int32_t
             l->b_type = (enum quant_type)rec[LORA_B_TYPE];
             l->scale = bits_float(rec[LORA_SCALE]);
             if (l->rank == 0) continue;
-            const size_t na = (size_t)l->rank * (size_t)l->n_in * adapter_elem_size(l->a_type);
-            const size_t nb = adapter_panel_bytes(l->b_type, l->n_out, l->rank);
+            const size_t na = adapter_lora_a_bytes(l), nb = adapter_lora_b_bytes(l);
             l->a = malloc(na);
             l->b = aligned_alloc(64, nb);
             if (!l->a || !l->b) return ERR_NOMEM;
@@ -143,8 +142,7 @@ static int build(const struct engine_model *m, const int64_t *hdr, const int32_t
             b->scale = bits_float(rec[BN_SCALE]);
             if (b->width == 0) continue;
             const size_t w = (size_t)b->width, e = (size_t)b->n_embd;
-            const size_t nd = w * e * adapter_elem_size(b->down_type);
-            const size_t nu = adapter_panel_bytes(b->up_type, b->n_embd, b->width);
+            const size_t nd = adapter_bn_down_bytes(b), nu = adapter_bn_up_bytes(b);
             b->down = malloc(nd);
             b->down_b = malloc(w * sizeof(float));
             b->up = aligned_alloc(64, nu);
@@ -162,16 +160,16 @@ static void send_matrices(struct comm *c, struct engine_adapter *a) {
     for (int32_t i = 0; a->lora && i < a->n_layer * ADAPTER_PROJ_COUNT; i++) {
         struct adapter_lora *l = &a->lora[i];
         if (l->rank == 0) continue;
-        comm_bcast(c, l->a, (size_t)l->rank * (size_t)l->n_in * adapter_elem_size(l->a_type));
-        comm_bcast(c, l->b, adapter_panel_bytes(l->b_type, l->n_out, l->rank));
+        comm_bcast(c, l->a, adapter_lora_a_bytes(l));
+        comm_bcast(c, l->b, adapter_lora_b_bytes(l));
     }
     for (int32_t i = 0; a->bn && i < a->n_layer * ADAPTER_POS_COUNT; i++) {
         struct adapter_bottleneck *b = &a->bn[i];
         if (b->width == 0) continue;
         const size_t w = (size_t)b->width, e = (size_t)b->n_embd;
-        comm_bcast(c, b->down, w * e * adapter_elem_size(b->down_type));
+        comm_bcast(c, b->down, adapter_bn_down_bytes(b));
         comm_bcast(c, b->down_b, w * sizeof(float));
-        comm_bcast(c, b->up, adapter_panel_bytes(b->up_type, b->n_embd, b->width));
+        comm_bcast(c, b->up, adapter_bn_up_bytes(b));
         comm_bcast(c, b->up_b, e * sizeof(float));
     }
 }

@@ -410,10 +410,10 @@ static int copy_bottleneck(const struct adapter_bottleneck *src, struct adapter_
                            size_t *bytes) {
     *dst = *src;
     const size_t m = (size_t)src->width, e = (size_t)src->n_embd;
-    dst->down = copy_bytes(src->down, m * e * adapter_elem_size(src->down_type), bytes);
+    dst->down = copy_bytes(src->down, adapter_bn_down_bytes(src), bytes);
     dst->down_b = copy_bytes(src->down_b, m * sizeof(float), bytes);
     dst->up_b = copy_bytes(src->up_b, e * sizeof(float), bytes);
-    const size_t up_bytes = adapter_panel_bytes(src->up_type, src->n_embd, src->width);
+    const size_t up_bytes = adapter_bn_up_bytes(src);
     dst->up = aligned_alloc(64, up_bytes);
     if (dst->up) {
         memcpy(dst->up, src->up, up_bytes);

@@ -185,6 +185,21 @@ size_t adapter_elem_size(enum quant_type t);
 /* Bytes of a [n_rows][k] matrix of type t in panels (64-byte multiple). */
 size_t adapter_panel_bytes(enum quant_type t, int64_t n_rows, int64_t k);
 
+/* Bytes of each matrix of one projection's update or one bottleneck module,
+ * in the layout above (the panels' with their padding). */
+static inline size_t adapter_lora_a_bytes(const struct adapter_lora *l) {
+    return (size_t)l->rank * (size_t)l->n_in * adapter_elem_size(l->a_type);
+}
+static inline size_t adapter_lora_b_bytes(const struct adapter_lora *l) {
+    return adapter_panel_bytes(l->b_type, l->n_out, l->rank);
+}
+static inline size_t adapter_bn_down_bytes(const struct adapter_bottleneck *b) {
+    return (size_t)b->width * (size_t)b->n_embd * adapter_elem_size(b->down_type);
+}
+static inline size_t adapter_bn_up_bytes(const struct adapter_bottleneck *b) {
+    return adapter_panel_bytes(b->up_type, b->n_embd, b->width);
+}
+
 /* rows [n_rows][k] of type t (f32/f16/bf16, row-major) packed into new
  * panels (64-byte aligned; the caller frees them); adds their bytes to
  * *bytes. NULL when out of memory. */
