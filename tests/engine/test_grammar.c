@@ -488,9 +488,14 @@ static void test_grammar_compaction_keeps_language(void **state) {
  * both syntax and term characters, so each of them multiplies the ways to
  * read the nesting): grammar_mask() stops at its bound of work instead of taking
  * 100+ ms per token (docs/reliability.md), and what it allows stays sound.
- * Oracle for the byte tokens: grammar_allows_byte(), which follows every
- * stack without a bound; a cut mask may only leave tokens out, an uncut one
- * must agree exactly. */
+ * Oracle, derived by hand from the grammar: its bytes are '(' and [)-9],
+ * and after any string of them every one of them continues it (')' can
+ * always be a term character, '(' always opens a group, a term may follow
+ * anything), so the tokens allowed are exactly those whose every byte is
+ * in [(-9]; and the string is a whole sentence, so end of generation is
+ * allowed, exactly when closing the innermost open group at each ')' closes
+ * them all. A cut mask may only leave tokens out, an uncut one must be
+ * exact. */
 static void test_grammar_ambiguous_masks_are_bounded_and_sound(void **state) {
     (void)state;
     struct tokenizer *t = syn_tokenizer();
@@ -508,6 +513,7 @@ static void test_grammar_ambiguous_masks_are_bounded_and_sound(void **state) {
     buf_append(&drive, text, sizeof(text) - 1);
     uint64_t m[(N_VOCAB + 63) / 64];
     int64_t n_cut = 0;
+    int32_t depth = 0;  // groups left open when each ')' closes one if it can
     for (size_t i = 0; i < drive.len; i++) {
         const int64_t cut0 = grammar_n_masks_cut(gm);
         const int32_t n = grammar_mask(gm, v, m);
@@ -516,11 +522,22 @@ static void test_grammar_ambiguous_masks_are_bounded_and_sound(void **state) {
         int32_t n_set = 0;
         for (int b = 0; b < 256; b++) {
             const bool in_mask = has(m, byte_tok(b));
-            // outside the grammar's bytes, [(-9], nothing is ever allowed
-            const bool allowed = b >= '(' && b <= '9' && grammar_allows_byte(gm, (uint8_t)b);
+            const bool allowed = b >= '(' && b <= '9';
             if (in_mask && !allowed) fail_msg("byte %d: %d allowed, not in the grammar", (int)i, b);
-            if (!is_cut && in_mask != allowed) fail_msg("byte %d: %d left out of an uncut mask", (int)i, b);
+            if (!is_cut && in_mask != allowed) {
+                fail_msg("byte %d: %d left out of an uncut mask", (int)i, b);
+            }
         }
+        for (int k = 0; k < N_EXTRA - 1; k++) {  // multi-byte pieces: every byte in [(-9]
+            bool in_range = true;
+            for (const char *q = extra[k]; *q; q++) in_range &= *q >= '(' && *q <= '9';
+            const bool in_mask = has(m, N_BASE + k);
+            if (in_mask && !in_range) fail_msg("byte %d: '%s' allowed", (int)i, extra[k]);
+            if (!is_cut && in_mask != in_range) {
+                fail_msg("byte %d: '%s' left out", (int)i, extra[k]);
+            }
+        }
+        assert_int_equal(has(m, 2), depth == 0);  // eos: the end is never cut
         for (int32_t id = 0; id < N_VOCAB; id++) n_set += has(m, id);
         assert_int_equal(n, n_set);
         assert_true(n > 0 || is_cut);  // the grammar never dead-ends on this drive
@@ -528,6 +545,8 @@ static void test_grammar_ambiguous_masks_are_bounded_and_sound(void **state) {
         const uint8_t c = (uint8_t)drive.data[i];
         assert_true(grammar_allows_byte(gm, c));
         assert_int_not_equal(grammar_accept_bytes(gm, &c, 1), GRAMMAR_STEP_REJECT);
+        if (c == '(') depth++;
+        if (c == ')' && depth > 0) depth--;
     }
     print_message("%lld of %zu masks cut short\n", (long long)n_cut, drive.len);
     assert_true(n_cut > 0);  // the bound was reached: the test reaches the cut path
