@@ -371,10 +371,12 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
     }
     ASSERT(n_out == n_outputs);
     if (n_out == 0) return;
-    const int32_t rank0 = 0;  // of the job: where the logits go
     if (sh->size == 1) {
         kern_matmul(pool, ks, m->output, ctx->xo, n_out, ctx->logits);
-        if (me != rank0) comm_send(ctx->comm, rank0, ctx->logits, (int64_t)n_out * hp->n_vocab);
+        // pipelined: on to job rank 0, which samples
+        if (!shard_gets_logits(sh)) {
+            comm_send(ctx->comm, 0, ctx->logits, (int64_t)n_out * hp->n_vocab);
+        }
         return;
     }
     // TP: this rank's vocabulary rows                                 [n_out][its rows]
@@ -395,5 +397,5 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
                    (size_t)nv * sizeof(float));
         }
     }
-    if (me != rank0) comm_send(ctx->comm, rank0, ctx->logits, (int64_t)n_out * n_vocab);
+    if (!shard_gets_logits(sh)) comm_send(ctx->comm, 0, ctx->logits, (int64_t)n_out * n_vocab);
 }
