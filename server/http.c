@@ -687,6 +687,10 @@ int http_start(const struct http_params *p, const struct routes_ctx *app,
     pthread_mutex_init(&h->conns_lock, NULL);
     h->conns.next = h->conns.prev = &h->conns;
 
+    // The routes read the counters from the first request on, and MHD serves requests
+    // as soon as it starts: set before it (a /metrics request that came in between
+    // read them through NULL: a segfault seen under load, integration/lora_load).
+    ((struct routes_ctx *)app)->live = &h->live;
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
                      MHD_USE_ERROR_LOG;
     h->daemon = MHD_start_daemon(
@@ -703,15 +707,16 @@ int http_start(const struct http_params *p, const struct routes_ctx *app,
     if (!h->daemon) {
         LOG_ERROR("%s: cannot listen on %s:%d (in use, or not an address of this machine)",
                   __func__, p->host, (int)p->port);
+        ((struct routes_ctx *)app)->live = NULL;
         http_stop(h);
         return ERR_IO;
     }
     if (pthread_create(&h->ticker, NULL, ticker_main, h) != 0) {
         http_stop(h);
+        ((struct routes_ctx *)app)->live = NULL;
         return ERR_NOMEM;
     }
     h->has_ticker = true;
-    ((struct routes_ctx *)app)->live = &h->live;
     *out = h;
     return 0;
 }
