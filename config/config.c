@@ -48,6 +48,7 @@ void config_deinit(struct config *c) {
     if (!c) return;
     free(c->host);
     free(c->model_path);
+    free(c->draft_model_path);
     free(c->model_name);
     free(c->kv_type);
     free(c->chat_template);
@@ -156,6 +157,11 @@ int config_validate(const struct config *c, char *msg, size_t msg_size) {
     }
     if (c->sp > 1 && (c->tp > 1 || c->pp > 1)) {
         snprintf(msg, msg_size, "--sp %d goes with neither --tp nor --pp", (int)c->sp);
+        return ERR_INVAL;
+    }
+    if (c->draft_model_path && (c->tp > 1 || c->pp > 1 || c->sp > 1)) {
+        snprintf(msg, msg_size, "--draft-model goes with neither --tp, --pp nor --sp: the "
+                 "draft model runs beside the whole model in one process");
         return ERR_INVAL;
     }
     if ((int64_t)c->tp * c->pp > 1024) {

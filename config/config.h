@@ -40,6 +40,8 @@ struct config {
     int32_t prefill_chunk;        // prefill tokens of a step beside decodes, 0: no limit
     int32_t step_ratio;           // percent a step with prompt work may cost of a decode step, 0: off
     int32_t draft_n;              // speculative decoding: draft tokens per step, 0: off
+                                  //    (the server takes 0 as 4 when draft_model_path is set)
+    char *draft_model_path;       // owned; GGUF draft model, NULL: prompt-lookup drafts
     int32_t max_queue;            // requests waiting before 429
     int64_t max_body_bytes;       // largest request body before 413
     int32_t request_timeout_s;    // longest a request may run; 0: no limit

@@ -54,7 +54,11 @@ const struct setting setting_table[] = {
      "a step with prompt work costs at most PCT% of a decode step of every sequence present "
      "(inter-token latency while prompts arrive), 0 = --prefill-chunk alone"},
     {"draft-n", 0, "draft_n", SETTING_KIND_I32, OFF(draft_n), 0, 16, "N",
-     "speculative decoding: up to N prompt-lookup draft tokens per step at batch <= 4, 0 = off"},
+     "speculative decoding: up to N draft tokens per step at batch <= 4 (prompt lookup, or "
+     "--draft-model's), 0 = off; default 0, or 4 with --draft-model"},
+    {"draft-model", 0, "draft_model", SETTING_KIND_STR, OFF(draft_model_path), 0, 0, "FILE",
+     "speculative decoding with drafts from FILE, a smaller GGUF model of the same vocabulary "
+     "(greedy drafts; tokens exactly as without); not with --tp, --pp, --sp"},
     {"max-queue", 0, "max_queue", SETTING_KIND_I32, OFF(max_queue), 1, 1 << 20, "N",
      "requests waiting for a slot before 429"},
     {"max-body", 0, "max_body", SETTING_KIND_SIZE, OFF(max_body_bytes), 1024, GIB, "SIZE",

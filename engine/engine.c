@@ -48,7 +48,7 @@ void engine_ctx_free(struct engine_ctx *ctx) {
     if (ctx->tp_group != ctx->comm) comm_close(ctx->tp_group);  // a split: ours
     step_desc_deinit(&ctx->desc);
     free(ctx->ranks);
-    threadpool_free(ctx->pool);
+    if (ctx->owns_pool) threadpool_free(ctx->pool);
     kern_scratch_free(&ctx->kscratch);
     kv_free(&ctx->kv);
     free(ctx->x);
@@ -108,7 +108,7 @@ static int check_params(const struct engine_model *m, struct engine_ctx_params *
     if (prm->max_batch_tokens < 1 || prm->max_batch_tokens > (1 << 20) || prm->max_seqs < 1 ||
         prm->max_outputs < 1 || prm->max_outputs > prm->max_batch_tokens ||
         prm->block_size < 1 || prm->block_size > 4096 || prm->n_blocks < 2 ||
-        prm->n_threads > 1024 || prm->max_adapters < 0 ||
+        prm->n_threads > 1024 || prm->max_adapters < 0 || (prm->pool_of && prm->comm) ||
         prm->max_adapters > ENGINE_MAX_ADAPTERS || prm->kv_type < 0 ||
         prm->kv_type >= ENGINE_KV_TYPE_COUNT) {
         LOG_ERROR("%s: invalid context parameters (max_batch_tokens=%d max_seqs=%d "
@@ -149,7 +149,8 @@ static int ctx_alloc(const struct engine_model *m, const struct engine_ctx_param
     const size_t n_ff = (size_t)sh->n_ff;
     int err = 0;
 
-    ctx->pool = threadpool_create(prm->n_threads);
+    ctx->owns_pool = !prm->pool_of;
+    ctx->pool = prm->pool_of ? prm->pool_of->pool : threadpool_create(prm->n_threads);
     if (!ctx->pool) return ERR_NOMEM;
     ctx->params.n_threads = threadpool_n_threads(ctx->pool);
     int64_t max_k = hp->n_embd;

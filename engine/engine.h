@@ -135,6 +135,12 @@ struct engine_ctx_params {
     enum engine_kv_type kv_type;  // storage of the KV pool (default F32)
     struct comm *comm;         // tensor parallelism: the job's ranks (borrowed; outlives the
                                // ctx); NULL: this process alone (default)
+    struct engine_ctx *pool_of; // NULL: a worker pool of its own (default); else run on this
+                               // ctx's pool (n_threads is its), as a speculative-decoding
+                               // draft model does beside the model it drafts for: two pools
+                               // would spin against each other on the same cores. Borrowed:
+                               // it outlives this ctx, and both are used from one thread.
+                               // Not with comm.
 };
 
 struct engine_ctx_params engine_ctx_default_params(void);

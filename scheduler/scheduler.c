@@ -28,6 +28,7 @@
 #include "scheduler/block_alloc.h"
 #include "scheduler/block_table.h"
 #include "scheduler/draft.h"
+#include "scheduler/drafter.h"
 #include "scheduler/lora_slots.h"
 #include "scheduler/mailbox.h"
 #include "scheduler/plan.h"
@@ -61,12 +62,16 @@ struct scheduler {
     int32_t *row_of;                    // owned; [max_seqs] output row of plan.seqs[i], -1: none
     int32_t *n_draft;                   // owned; [max_seqs] draft tokens of plan.seqs[i]
     int32_t *drafts;                    // owned; [max_seqs * SCHEDULER_MAX_DRAFT] those tokens
+    struct drafter *drafter;            // owned; NULL: prompt-lookup drafts
+    struct drafter_job *jobs;           // owned; [SCHEDULER_DRAFT_MAX_DECODES] with a drafter
+    int32_t *job_of;                    // owned; [SCHEDULER_DRAFT_MAX_DECODES] plan index of jobs[j]
     int32_t max_outputs;                // logits rows of the ctx
     double draft_ns_on, draft_ns_off;   // EMA of ns per emitted token of decode-only steps
                                         //    with and without drafts (0: none yet)
     int64_t n_draft_steps;              // decode-only steps where drafting was possible
     bool is_drafting;                   // this step's choice (propose_drafts)
     bool is_timed;                      // this step is decode-only with drafting possible
+    int32_t emitted;                    // the token emit_token() last appended, -1: none
     int32_t *check_refs;                // owned; [n_blocks] scratch of scheduler_check()
     struct sampler_scratch *scratch;    // owned
     struct grammar_vocab *gvocab;       // owned; built for the first constrained sequence
@@ -150,6 +155,7 @@ static enum channel_finish finish_of(enum seq_status st) {
 static void finish_seq(struct scheduler *s, struct seq *sq, int err) {
     ASSERT(seq_is_finished(sq));
     block_table_release(&sq->table, s->alloc);
+    if (s->drafter) drafter_release(s->drafter, sq);
     if (sq->slot >= 0) {
         lora_slots_release(&s->loras, sq->slot);
         sq->slot = -1;
@@ -254,6 +260,10 @@ static void publish_stats(struct scheduler *s) {
     s->cur.n_lora_resident = lora_slots_n_resident(&s->loras);
     s->cur.n_lora_loads = s->loras.n_loads;
     s->cur.n_lora_evictions = s->loras.n_evictions;
+    if (s->drafter) {
+        s->cur.n_draft_blocks_total = drafter_n_blocks(s->drafter);
+        s->cur.n_draft_blocks_used = drafter_n_blocks_used(s->drafter);
+    }
     s->cur.n_ranks = engine_ctx_rank_stats(s->ctx, s->cur.ranks, STATS_MAX_RANKS);
     atomic_store(&s->n_waiting, s->waiting.n);
     uv_mutex_lock(&s->stats_lock);
@@ -291,6 +301,7 @@ static bool emit_token(struct scheduler *s, struct seq *sq, const float *row, in
     struct sampler_result res;
     bool want_lp = sq->n_logprobs >= 0;  // filling res costs a pass over the row
     bool is_dead = false;
+    s->emitted = -1;
     const uint64_t *allow = grammar_allow(s, sq, &is_dead);
     buf_reset(&s->text);
     if (is_dead && grammar_is_cut_dead(sq->grammar)) {
@@ -328,6 +339,7 @@ static bool emit_token(struct scheduler *s, struct seq *sq, const float *row, in
         return false;
     }
     enum seq_status st = seq_append(sq, token, &s->text);
+    s->emitted = token;
     // A grammar that is complete ends the sequence with the token's text.
     if (gst == GRAMMAR_STEP_DONE && st == SEQ_STATUS_RUNNING) st = seq_finish_stop(sq, &s->text);
     if (sq->channel)
@@ -390,6 +402,33 @@ static void draft_observe(struct scheduler *s, int64_t ns, int32_t n_emitted) {
     *ema = *ema == 0.0 ? x : *ema + DRAFT_EMA_WEIGHT * (x - *ema);
 }
 
+/* The most draft tokens sequence sq (plan entry i) may take, given the
+ * batch's tokens and rows so far. */
+static int32_t draft_room(const struct scheduler *s, const struct seq *sq, int32_t n_tokens,
+                          int32_t n_rows) {
+    int32_t room = s->p.draft_n;
+    if (room > s->p.max_batch_tokens - n_tokens) room = s->p.max_batch_tokens - n_tokens;
+    if (room > s->max_outputs - n_rows) room = s->max_outputs - n_rows;
+    // the draft and the token after it must fit in max_tokens
+    if (room > sq->n_tokens_max - sq->n_tokens - 1) room = sq->n_tokens_max - sq->n_tokens - 1;
+    return room;
+}
+
+/* Puts plan entry i's k draft tokens (in s->drafts) into the step: its
+ * blocks for them first (from the free pool, never by preempting). */
+static void take_draft(struct scheduler *s, int32_t i, int32_t k, int32_t *n_tokens,
+                       int32_t *n_rows) {
+    struct seq *sq = s->plan.seqs[i];
+    if (k == 0) return;
+    if (block_table_reserve(&sq->table, s->alloc, sq->n_tokens + k) != BLOCK_RESERVE_OK) {
+        if (s->drafter) drafter_cut(s->drafter, sq, sq->n_tokens);
+        return;
+    }
+    s->n_draft[i] = k;
+    *n_tokens += k;
+    *n_rows += k;
+}
+
 static void propose_drafts(struct scheduler *s, int32_t *n_tokens, int32_t *n_rows) {
     struct step_plan *plan = &s->plan;
     int32_t n_decodes = 0;
@@ -407,24 +446,29 @@ static void propose_drafts(struct scheduler *s, int32_t *n_tokens, int32_t *n_ro
         if (!draft_choice(s)) return;
     }
     s->is_drafting = true;
+    int32_t n_jobs = 0, n_room = 0;
     for (int32_t i = 0; i < plan->n_seqs; i++) {
         struct seq *sq = plan->seqs[i];
         if (plan->n_new[i] != 1 || sq->n_computed != sq->n_tokens - 1) continue;
         if (sq->n_tokens < sq->draft_resume_at) continue;
-        int32_t room = s->p.draft_n;
-        if (room > s->p.max_batch_tokens - *n_tokens) room = s->p.max_batch_tokens - *n_tokens;
-        if (room > s->max_outputs - *n_rows) room = s->max_outputs - *n_rows;
-        // the draft and the token after it must fit in max_tokens
-        if (room > sq->n_tokens_max - sq->n_tokens - 1) room = sq->n_tokens_max - sq->n_tokens - 1;
         int32_t *d = s->drafts + (size_t)i * SCHEDULER_MAX_DRAFT;
-        int32_t k = draft_lookup(sq->tokens, sq->n_tokens, room, d);
-        if (k == 0) continue;
-        if (block_table_reserve(&sq->table, s->alloc, sq->n_tokens + k) != BLOCK_RESERVE_OK)
+        if (!s->drafter) {
+            int32_t k = draft_lookup(sq->tokens, sq->n_tokens, draft_room(s, sq, *n_tokens, *n_rows), d);
+            take_draft(s, i, k, n_tokens, n_rows);
             continue;
-        s->n_draft[i] = k;
-        *n_tokens += k;
-        *n_rows += k;
+        }
+        // The draft model drafts for all of them at once: room as if each
+        // earlier one took all of its own.
+        int32_t room = draft_room(s, sq, *n_tokens + n_room, *n_rows + n_room);
+        if (room <= 0) continue;
+        s->jobs[n_jobs] = (struct drafter_job){.sq = sq, .room = room, .out = d};
+        s->job_of[n_jobs++] = i;
+        n_room += room;
     }
+    if (n_jobs == 0) return;
+    struct seq_queue *queues[2] = {&s->running, &s->waiting};
+    if (drafter_propose(s->drafter, s->jobs, n_jobs, queues, 2) != 0) return;
+    for (int32_t j = 0; j < n_jobs; j++) take_draft(s, s->job_of[j], s->jobs[j].k, n_tokens, n_rows);
 }
 
 /* After the forward pass: sq's rows row .. row + k (k = its draft tokens
@@ -433,11 +477,12 @@ static void propose_drafts(struct scheduler *s, int32_t *n_tokens, int32_t *n_ro
 static bool verify(struct scheduler *s, struct seq *sq, const float *logits, int32_t row,
                    const int32_t *d, int32_t k, int64_t now_ns) {
     const size_t nv = (size_t)s->n_vocab;
+    const int32_t n_before = sq->n_tokens;
     if (!emit_token(s, sq, logits + (size_t)row * nv, now_ns)) return false;
     if (k == 0) return true;
     int32_t n_ok = 0;
     bool is_running = true;
-    while (n_ok < k && sq->tokens[sq->n_tokens - 1] == d[n_ok]) {
+    while (n_ok < k && s->emitted == d[n_ok]) {
         n_ok++;
         sq->n_computed++;  // d[n_ok - 1]'s K/V, written by this step, is the token's
         if (!emit_token(s, sq, logits + (size_t)(row + n_ok) * nv, now_ns)) {
@@ -445,10 +490,14 @@ static bool verify(struct scheduler *s, struct seq *sq, const float *logits, int
             break;
         }
     }
+    // A draft token the last emitted token equals was right, also where the
+    // sequence ended with it (sq is freed then).
     s->cur.n_draft_tokens += k;
-    s->cur.n_draft_accepted += n_ok;
+    s->cur.n_draft_accepted += n_ok + (!is_running && n_ok < k && s->emitted == d[n_ok]);
     if (!is_running) return false;
     block_table_truncate(&sq->table, s->alloc, sq->n_computed);
+    // The draft model's KV holds the draft from n_before on: right as far as it was accepted.
+    if (s->drafter) drafter_cut(s->drafter, sq, n_before + n_ok);
     if (s->p.enable_prefix_cache) seq_publish_blocks(sq, s->alloc);
     sq->n_drafted += k;
     sq->n_draft_accepted += n_ok;
@@ -544,6 +593,7 @@ int32_t scheduler_step(struct scheduler *s) {
     for (int32_t i = 0; i < plan->n_seqs; i++)
         n_rows += plan->seqs[i]->n_computed + plan->n_new[i] == plan->seqs[i]->n_tokens;
     int32_t n_with_drafts = plan->n_tokens;
+    const int64_t t_draft_ns = clock_mono_ns();  // a draft model's passes count in the step
     propose_drafts(s, &n_with_drafts, &n_rows);
     int32_t n = 0;
     int32_t n_out = 0;
@@ -605,7 +655,7 @@ int32_t scheduler_step(struct scheduler *s) {
                    s->n_draft[i], now_ns);
     }
     if (is_timed)
-        draft_observe(s, clock_mono_ns() - t_forward_ns,
+        draft_observe(s, clock_mono_ns() - t_draft_ns,
                       (int32_t)(s->cur.n_generated_tokens - n_generated_before));
     s->cur.n_steps++;
     s->cur.n_computed_tokens += n;
@@ -654,6 +704,8 @@ static bool check_slots(struct scheduler *s) {
 
 bool scheduler_check(struct scheduler *s) {
     if (!block_alloc_check(s->alloc)) return false;
+    const struct seq_queue *const all[2] = {&s->running, &s->waiting};
+    if (s->drafter && !drafter_check(s->drafter, all, 2)) return false;
     if (!check_slots(s)) return false;
     int32_t n_blocks = block_alloc_n_total(s->alloc) + 1;
     memset(s->check_refs, 0, (size_t)n_blocks * sizeof(*s->check_refs));
@@ -743,6 +795,46 @@ static int32_t pool_blocks(const struct engine_model *model, const struct schedu
     return (int32_t)n + 1;  // + the null block
 }
 
+/* The draft model's pool: draft_kv_blocks, else room for
+ * SCHEDULER_DRAFT_MAX_DECODES whole sequences within kv_memory_mib. */
+static int32_t draft_pool_blocks(const struct scheduler *s) {
+    const struct scheduler_params *p = &s->p;
+    if (p->draft_kv_blocks > 0) return p->draft_kv_blocks;
+    int64_t n = (int64_t)SCHEDULER_DRAFT_MAX_DECODES * block_table_blocks_for(s->n_ctx, p->block_size);
+    size_t bb = engine_kv_block_bytes(p->draft_model, p->block_size, p->kv_type);
+    int64_t most = bb ? (int64_t)(((size_t)p->kv_memory_mib << 20) / bb) : 0;
+    if (n > most) n = most;
+    if (n > (1 << 24)) n = 1 << 24;
+    return (int32_t)n + 1;
+}
+
+static int create_drafter(struct scheduler *s) {
+    struct drafter_params dp = {
+        .block_size = s->p.block_size,
+        .n_blocks = draft_pool_blocks(s),
+        .max_seqs = SCHEDULER_DRAFT_MAX_DECODES,
+        .max_batch_tokens = s->p.max_batch_tokens,
+        .n_vocab = s->n_vocab,
+        .kv_type = s->p.kv_type,
+        .pool_of = s->ctx,
+    };
+    if (dp.n_blocks < 2) {
+        LOG_ERROR("%s: a KV budget of %d MiB holds no block of the draft model", __func__,
+                  (int)s->p.kv_memory_mib);
+        return ERR_INVAL;
+    }
+    int err = drafter_create(s->p.draft_model, &dp, &s->drafter);
+    if (err) return err;
+    s->jobs = calloc(SCHEDULER_DRAFT_MAX_DECODES, sizeof(*s->jobs));
+    s->job_of = calloc(SCHEDULER_DRAFT_MAX_DECODES, sizeof(*s->job_of));
+    if (!s->jobs || !s->job_of) return ERR_NOMEM;
+    LOG_INFO("draft model: kv_blocks=%d kv_mib=%.1f draft_n=%d", (int)(dp.n_blocks - 1),
+             (double)engine_kv_block_bytes(s->p.draft_model, dp.block_size, dp.kv_type) *
+                 (dp.n_blocks - 1) / 1048576.0,
+             (int)s->p.draft_n);
+    return 0;
+}
+
 int scheduler_create(const struct engine_model *model, const struct scheduler_params *p,
                      struct scheduler **out) {
     *out = NULL;
@@ -750,12 +842,16 @@ int scheduler_create(const struct engine_model *model, const struct scheduler_pa
         p->max_batch_tokens < 1 || p->max_queue < 1 || p->kv_blocks < 0 ||
         (p->kv_blocks == 0 && p->kv_memory_mib < 1) || p->n_ctx < 0 ||
         p->kv_type < 0 || p->kv_type >= ENGINE_KV_TYPE_COUNT || p->max_loras < 0 ||
-        p->max_loras > SCHEDULER_MAX_LORAS || p->draft_n < 0 || p->draft_n > SCHEDULER_MAX_DRAFT) {
+        p->max_loras > SCHEDULER_MAX_LORAS || p->draft_n < 0 || p->draft_n > SCHEDULER_MAX_DRAFT ||
+        p->draft_kv_blocks < 0 || (p->draft_model && (p->draft_n < 1 || p->comm))) {
         LOG_ERROR("%s: bad params block_size=%d max_seqs=%d max_batch_tokens=%d max_queue=%d "
-                  "kv_blocks=%d kv_memory_mib=%d max_loras=%d draft_n=%d", __func__,
+                  "kv_blocks=%d kv_memory_mib=%d max_loras=%d draft_n=%d draft_kv_blocks=%d "
+                  "draft_model=%s%s", __func__,
                   (int)p->block_size, (int)p->max_seqs, (int)p->max_batch_tokens,
                   (int)p->max_queue, (int)p->kv_blocks, (int)p->kv_memory_mib,
-                  (int)p->max_loras, (int)p->draft_n);
+                  (int)p->max_loras, (int)p->draft_n, (int)p->draft_kv_blocks,
+                  p->draft_model ? "set" : "none",
+                  p->draft_model && p->comm ? " (not with a comm)" : "");
         return ERR_INVAL;
     }
     int32_t n_blocks = pool_blocks(model, p);
@@ -800,6 +896,10 @@ int scheduler_create(const struct engine_model *model, const struct scheduler_pa
     if (err) goto fail;
     err = block_alloc_create(n_blocks, p->block_size, &s->alloc);
     if (err) goto fail;
+    if (p->draft_model) {
+        err = create_drafter(s);
+        if (err) goto fail;
+    }
     err = ERR_NOMEM;
     size_t nt = (size_t)p->max_batch_tokens;
     s->b_token = malloc(nt * sizeof(*s->b_token));
@@ -901,11 +1001,14 @@ void scheduler_free(struct scheduler *s) {
     free(s->row_of);
     free(s->n_draft);
     free(s->drafts);
+    free(s->jobs);
+    free(s->job_of);
     free(s->check_refs);
     sampler_scratch_free(s->scratch);
     grammar_vocab_free(s->gvocab);
     free(s->allow);
     buf_free(&s->text);
+    drafter_free(s->drafter);  // before the ctx whose worker pool it borrows
     block_alloc_destroy(s->alloc);
     lora_slots_deinit(&s->loras);
     engine_ctx_free(s->ctx);

@@ -28,6 +28,7 @@
 #define SCHEDULER_STALL_MS 60000   // work pending and no step began this long: not alive
 #define SCHEDULER_MAX_DRAFT 16     // most draft tokens per sequence and step
 #define SCHEDULER_DRAFT_MAX_DECODES 4  // steps with more decoders than this draft nothing
+#define SCHEDULER_DRAFT_N_WITH_MODEL 4 // draft_n where a draft model is given and draft_n is not
 
 struct scheduler_params {
     int32_t block_size;         // tokens per KV block (16)
@@ -49,6 +50,13 @@ struct scheduler_params {
                                 //    (0..SCHEDULER_MAX_DRAFT; 0: off, the default)
     bool draft_always;          // draft even where it does not pay (tests, benchmarks);
                                 //    false: only while it is faster (scheduler.c)
+    const struct engine_model *draft_model;  // NULL: drafts by prompt lookup. Else drafts
+                                //    from this model (greedy; scheduler/drafter.h), which
+                                //    must have the model's vocabulary (the caller checks)
+                                //    and outlive the scheduler; needs draft_n >= 1
+    int32_t draft_kv_blocks;    // the draft model's KV pool incl. the null block; 0: room for
+                                //    SCHEDULER_DRAFT_MAX_DECODES sequences of n_ctx tokens,
+                                //    at most kv_memory_mib of the draft model's KV
     struct comm *comm;          // tensor parallelism: the job's ranks (engine_ctx_params.comm;
                                 //   borrowed, outlives the scheduler); NULL: none
 };

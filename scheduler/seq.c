@@ -93,6 +93,7 @@ fail:
 void seq_destroy(struct seq *s) {
     if (!s) return;
     block_table_deinit(&s->table);
+    block_table_deinit(&s->draft_table);
     free(s->tokens);
     free(s->keys);
     free(s->stop_token_ids);

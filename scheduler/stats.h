@@ -44,6 +44,8 @@ struct scheduler_stats {
     int64_t n_generated_tokens;
     int64_t n_draft_tokens;           // speculative decoding: draft tokens verified
     int64_t n_draft_accepted;         // of those, accepted (the model gave the same token)
+    int32_t n_draft_blocks_total;     // the draft model's KV pool (--draft-model), 0: none
+    int32_t n_draft_blocks_used;      //    and the blocks of it sequences hold now
     int32_t n_lora_slots;             // adapter slots (max_loras)
     int32_t n_lora_resident;          // slots holding an adapter
     int64_t n_lora_loads;             // adapters put into a slot

@@ -36,6 +36,7 @@
 #include "engine/engine.h"
 #include "scheduler/scheduler.h"
 #include "server/cmd.h"
+#include "server/draft_model.h"
 #include "server/openai.h"
 
 #define BATCH_MAX_FILE_BYTES ((size_t)1 << 30)
@@ -85,6 +86,10 @@ static void batch_usage(FILE *fp) {
             "                             of every sequence present (default 125, 0 = off)\n"
             "      --draft-n N            speculative decoding: up to N prompt-lookup draft tokens per\n"
             "                             step at batch <= 4 (default 0 = off, at most 16)\n"
+            "      --draft-model FILE     speculative decoding with drafts from FILE, a smaller model\n"
+            "                             of the same vocabulary (greedy; --draft-n default 4)\n"
+            "      --draft-kv-blocks N    the draft model's KV pool, null block included (tests;\n"
+            "                             default: 4 sequences of the context, within --kv-memory)\n"
             "      --draft-always         draft even where it does not pay (default: only while\n"
             "                             steps with drafts emit tokens faster than without)\n"
             "      --no-prefix-cache      disable automatic prefix caching\n"
@@ -259,6 +264,7 @@ static bool drain_channel(struct channel *c, struct channel_output *acc) {
 /* The command line. lo's names and paths are borrowed from argv. */
 struct batch_opts {
     const char *model_path;
+    const char *draft_path;          // --draft-model, NULL: none
     const char *prompts_path;
     int32_t arrival_ms;              // between submissions; 0: all at once
     struct scheduler_params sp;
@@ -283,6 +289,8 @@ static int parse_opts(int argc, char **argv, struct batch_opts *o, struct batch_
         {"step-ratio", required_argument, NULL, 'r'},
         {"draft-n", required_argument, NULL, 'D'},
         {"draft-always", no_argument, NULL, 'A'},
+        {"draft-model", required_argument, NULL, 'G'},
+        {"draft-kv-blocks", required_argument, NULL, 'Q'},
         {"no-prefix-cache", no_argument, NULL, 'N'},
         {"threads", required_argument, NULL, 't'},
         {"ctx", required_argument, NULL, 'c'},
@@ -309,6 +317,8 @@ static int parse_opts(int argc, char **argv, struct batch_opts *o, struct batch_
         case 'r': ok = parse_i32(optarg, 0, 100000, &sp->step_ratio); break;
         case 'D': ok = parse_i32(optarg, 0, SCHEDULER_MAX_DRAFT, &sp->draft_n); break;
         case 'A': sp->draft_always = true; break;
+        case 'G': o->draft_path = optarg; break;
+        case 'Q': ok = parse_i32(optarg, 2, 1 << 24, &sp->draft_kv_blocks); break;
         case 'N': sp->enable_prefix_cache = false; break;
         case 't': ok = parse_i32(optarg, 0, 4096, &sp->n_threads); break;
         case 'c': ok = parse_i32(optarg, 1, 1 << 24, &sp->n_ctx); break;
@@ -513,10 +523,25 @@ int cmd_batch(int argc, char **argv) {
             return 1;
         }
     }
+    struct engine_model *draft = NULL;
+    if (o.draft_path) {
+        char msg[512];
+        err = draft_model_load(o.draft_path, model, true, &draft, msg, sizeof(msg));
+        if (err) {
+            fprintf(stderr, "batch: %s\n", msg);
+            release_loras(&lo, lo.n);
+            free(text);
+            engine_model_free(model);
+            return 1;
+        }
+        sp.draft_model = draft;
+        if (sp.draft_n == 0) sp.draft_n = SCHEDULER_DRAFT_N_WITH_MODEL;
+    }
     if (lo.n > 0 && sp.max_loras == 0) {
         fprintf(stderr, "batch: --lora needs --max-loras >= 1\n");
         release_loras(&lo, lo.n);
         free(text);
+        engine_model_free(draft);
         engine_model_free(model);
         return 2;
     }
@@ -532,6 +557,7 @@ int cmd_batch(int argc, char **argv) {
         fprintf(stderr, "batch: cannot start the scheduler: %s\n", err_str(err));
         scheduler_free(s);
         release_loras(&lo, lo.n);
+        engine_model_free(draft);
         engine_model_free(model);
         return 1;
     }
@@ -576,6 +602,7 @@ int cmd_batch(int argc, char **argv) {
     free(lines);
     scheduler_free(s);
     release_loras(&lo, lo.n);
+    engine_model_free(draft);
     engine_model_free(model);
     return 0;
 }

@@ -37,6 +37,7 @@
 #include "server/cmd.h"
 #include "server/http.h"
 #include "server/lora_loader.h"
+#include "server/draft_model.h"
 #include "server/lora_path.h"
 #include "server/lora_registry.h"
 #include "server/routes.h"
@@ -60,7 +61,8 @@ static void sleep_ms(int ms) {
  * under tensor parallelism, comm; else NULL); *n_blocks: the KV
  * blocks it got. Returns 0 or the error (logged). */
 static int start_scheduler(const struct config *cfg, struct engine_model *model,
-                           struct comm *comm, struct scheduler **out, int32_t *n_blocks) {
+                           const struct engine_model *draft, struct comm *comm,
+                           struct scheduler **out, int32_t *n_blocks) {
     struct scheduler_params sp = scheduler_default_params();
     sp.block_size = cfg->block_size;
     sp.kv_memory_mib = (int32_t)(cfg->kv_bytes >> 20);
@@ -69,6 +71,8 @@ static int start_scheduler(const struct config *cfg, struct engine_model *model,
     sp.prefill_chunk = cfg->prefill_chunk;
     sp.step_ratio = cfg->step_ratio;
     sp.draft_n = cfg->draft_n;
+    sp.draft_model = draft;
+    if (draft && sp.draft_n == 0) sp.draft_n = SCHEDULER_DRAFT_N_WITH_MODEL;
     sp.max_queue = cfg->max_queue;
     sp.n_threads = cfg->n_threads;
     sp.n_ctx = cfg->n_ctx;
@@ -217,6 +221,7 @@ int cmd_serve(int argc, char **argv) {
 
     struct comm *comm = NULL;
     struct engine_model *model = NULL;
+    struct engine_model *draft = NULL;  // --draft-model
     struct scheduler *sched = NULL;
     struct auth *auth = NULL;
     struct lora_registry *loras = NULL;
@@ -259,8 +264,16 @@ int cmd_serve(int argc, char **argv) {
     if (strstr(cfg.model_path, "synthetic") || strstr(info->name, "synthetic")) {
         LOG_WARN("this is a synthetic model: its weights are random, its output is gibberish");
     }
+    if (cfg.draft_model_path) {
+        char dmsg[512];
+        err = draft_model_load(cfg.draft_model_path, model, true, &draft, dmsg, sizeof(dmsg));
+        if (err) {
+            LOG_ERROR("%s", dmsg);
+            goto done;
+        }
+    }
     int32_t n_blocks = 0;
-    if (start_scheduler(&cfg, model, comm, &sched, &n_blocks) != 0) goto done;
+    if (start_scheduler(&cfg, model, draft, comm, &sched, &n_blocks) != 0) goto done;
 
     struct routes_ctx app = {
         .sched = sched,
@@ -346,6 +359,7 @@ done:
         LOG_WARN("exiting with an adapter load still running");
     } else {
         lora_registry_destroy(loras);
+        engine_model_free(draft);
         engine_model_free(model);
         lora_path_root_close(&lora_root);
     }

@@ -113,10 +113,15 @@ void metrics_format(struct buf *out, const struct scheduler_stats *st, const dou
            st->n_finished);
     metric(out, "llmserve_steps_total", "counter", "Scheduler steps run.", st->n_steps);
     metric(out, "llmserve_draft_tokens_total", "counter",
-           "Speculative decoding: draft tokens verified (--draft-n).", st->n_draft_tokens);
+           "Speculative decoding: draft tokens verified (--draft-n, --draft-model).", st->n_draft_tokens);
     metric(out, "llmserve_draft_accepted_tokens_total", "counter",
            "Speculative decoding: draft tokens accepted (the model gave the same token).",
            st->n_draft_accepted);
+    metric(out, "llmserve_draft_kv_blocks_total", "gauge",
+           "KV blocks of the draft model's pool (--draft-model; 0 without one).",
+           st->n_draft_blocks_total);
+    metric(out, "llmserve_draft_kv_blocks_used", "gauge",
+           "Draft-model KV blocks held by sequences.", st->n_draft_blocks_used);
     metric(out, "llmserve_lora_slots", "gauge", "Adapter slots of the engine (--max-loras).",
            st->n_lora_slots);
     metric(out, "llmserve_lora_slots_used", "gauge", "Adapter slots holding an adapter.",

@@ -22,7 +22,8 @@ struct threadpool;
 struct engine_ctx {
     const struct engine_model *model;  // borrowed; outlives the ctx
     struct engine_ctx_params params;
-    struct threadpool *pool;           // owned
+    struct threadpool *pool;           // owned, unless borrowed (params.pool_of)
+    bool owns_pool;
     struct kern_scratch kscratch;      // owned: f16/bf16 conversion tiles
     struct kv_store kv;                // owned: the KV block pool (this rank's kv heads)
     struct comm *comm;                 // borrowed (params.comm): NULL or the job's ranks

@@ -131,6 +131,14 @@ static void test_config_cross_field_rules(void **state) {
     assert_int_equal(load(&c, msg, 7, a9), ERR_INVAL);
     assert_non_null(strstr(msg, "--sp 2 goes with neither --tp nor --pp"));
     config_deinit(&c);
+    char *a10[] = {"serve", "-m", "x", "--draft-model", "d.gguf", NULL};
+    assert_int_equal(load(&c, msg, 5, a10), 0);
+    assert_string_equal(c.draft_model_path, "d.gguf");
+    config_deinit(&c);
+    char *a11[] = {"serve", "-m", "x", "--draft-model", "d.gguf", "--pp", "2", NULL};
+    assert_int_equal(load(&c, msg, 7, a11), ERR_INVAL);
+    assert_non_null(strstr(msg, "--draft-model goes with neither --tp, --pp nor --sp"));
+    config_deinit(&c);
 }
 
 static void test_config_help_sets_show_help(void **state) {

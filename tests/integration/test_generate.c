@@ -340,9 +340,10 @@ static const char *const k_spec_lines[] = {
 #define N_SPEC ((int)(sizeof(k_spec_lines) / sizeof(k_spec_lines[0])))
 
 /* Runs batch with extra flags; fills ids[i] (a JSON array, owned) by index
- * and returns the draft_accepted counter of its stderr line. */
-static long long spec_run(const char *m, const char *prompts, const char *flags,
-                          json_t *ids[N_SPEC]) {
+ * and returns the draft_accepted counter of its stderr line (and its
+ * draft_tokens in *drafted, when not NULL). */
+static long long spec_run_drafted(const char *m, const char *prompts, const char *flags,
+                                  json_t *ids[N_SPEC], long long *drafted) {
     char cmd[8192];
     const char *err = testutil_path(testutil_build_dir(), "tests/spec-batch.err");
     snprintf(cmd, sizeof(cmd), "%s batch -m %s --prompts %s -t 1 %s 2>%s", bin(), m, prompts,
@@ -364,8 +365,99 @@ static long long spec_run(const char *m, const char *prompts, const char *flags,
     const char *c = strstr(e, "draft_accepted=");
     assert_non_null(c);
     long long accepted = atoll(c + strlen("draft_accepted="));
+    const char *t = strstr(e, "draft_tokens=");
+    assert_non_null(t);
+    if (drafted) *drafted = atoll(t + strlen("draft_tokens="));
     free(e);
     return accepted;
+}
+
+static long long spec_run(const char *m, const char *prompts, const char *flags,
+                          json_t *ids[N_SPEC]) {
+    return spec_run_drafted(m, prompts, flags, ids, NULL);
+}
+
+/* Writes lines [0, n) of k_spec_lines to a file; returns its path (static). */
+static const char *spec_prompts(const char *name, int n) {
+    static char path[4096];
+    snprintf(path, sizeof(path), "%s", testutil_path(testutil_build_dir(), name));
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    for (int i = 0; i < n; i++) fprintf(f, "%s\n", k_spec_lines[i]);
+    fclose(f);
+    return path;
+}
+
+/* Speculative decoding with a draft model (batch --draft-model): the
+ * tokens are exactly those without it, greedy and sampled. stories260K
+ * drafting for itself is right at every greedy draft (its greedy choice is
+ * what it then says: all accepted); its Q8_0 copy (llmserve quantize) and
+ * a tiny draft pool that evicts change no token; a draft model of another
+ * vocabulary (a synthetic 300-token one) is refused by name. */
+static void test_batch_draft_model_exact(void **state) {
+    (void)state;
+    const char *shared = shared_or_skip();
+    char m[4096], cmd[16384], out[8192];
+    snprintf(m, sizeof(m), "%s/models/stories260K.gguf", shared);
+    char q8[4096];  // testutil_path's buffers are reused: a copy
+    snprintf(q8, sizeof(q8), "%s", testutil_path(testutil_build_dir(), "tests/spec-draft-q8_0.gguf"));
+    snprintf(cmd, sizeof(cmd), "%s quantize %s %s Q8_0 >/dev/null 2>&1", bin(), m, q8);
+    assert_int_equal(system(cmd), 0);
+    json_t *ref[N_SPEC], *got[N_SPEC];
+    char flags[8192];
+    // Greedy lines only (0..2): every draft of the model itself is accepted.
+    const char *greedy = spec_prompts("tests/spec-greedy.jsonl", 3);
+    assert_int_equal(spec_run(m, greedy, "--max-seqs 1", ref), 0);
+    snprintf(flags, sizeof(flags), "--max-seqs 4 --draft-model %s --draft-always", m);
+    long long drafted = 0;
+    long long accepted = spec_run_drafted(m, greedy, flags, got, &drafted);
+    print_message("self-draft, greedy: %lld of %lld accepted\n", accepted, drafted);
+    assert_true(drafted > 50);
+    assert_int_equal(accepted, drafted);
+    for (int i = 0; i < 3; i++) {
+        assert_true(json_equal(got[i], ref[i]));
+        json_decref(got[i]);
+        json_decref(ref[i]);
+    }
+    // Every line, greedy and sampled, against decoding without drafts.
+    const char *all = spec_prompts("tests/spec-prompts-dm.jsonl", N_SPEC);
+    assert_int_equal(spec_run(m, all, "--max-seqs 1", ref), 0);
+    char tiny[8192];
+    snprintf(tiny, sizeof(tiny), "--max-seqs 4 --draft-model %s --draft-always --draft-kv-blocks 6",
+             q8);
+    const char *runs[] = {flags, tiny, NULL};
+    char q8flags[8192], policy[8192];
+    snprintf(q8flags, sizeof(q8flags), "--max-seqs 1 --draft-model %s --draft-n 8 --draft-always",
+             q8);
+    snprintf(policy, sizeof(policy), "--max-seqs 2 --draft-model %s", q8);
+    const char *more[] = {q8flags, policy};
+    for (int r = 0; r < 4; r++) {
+        const char *fl = r < 2 ? runs[r] : more[r - 2];
+        accepted = spec_run_drafted(m, all, fl, got, &drafted);
+        print_message("%s: %lld of %lld accepted\n", fl, accepted, drafted);
+        if (r < 3) assert_true(accepted > 0);
+        for (int i = 0; i < N_SPEC; i++) {
+            assert_non_null(got[i]);
+            assert_true(json_equal(got[i], ref[i]));
+            json_decref(got[i]);
+        }
+    }
+    for (int i = 0; i < N_SPEC; i++) json_decref(ref[i]);
+    // Another vocabulary: refused, with both sizes named.
+    const char *other = testutil_path(testutil_build_dir(), "tests/models/llama-f32.gguf");
+    snprintf(cmd, sizeof(cmd), "%s batch -m %s --prompts %s --draft-model %s 2>&1", bin(), m, all,
+             other);
+    assert_int_equal(run(cmd, out, sizeof(out)), 1);
+    assert_non_null(strstr(out, "another vocabulary than the model (512 and 300 tokens"));
+    // The same size, one token apart: llama-tools-f32 is llama-f32 with its ids
+    // 297..299 made control tokens (tests/models/meson.build).
+    const char *tools = testutil_path(testutil_build_dir(), "tests/models/llama-tools-f32.gguf");
+    snprintf(cmd, sizeof(cmd), "%s batch -m %s --prompts %s --draft-model %s 2>&1", bin(), other,
+             all, tools);
+    assert_int_equal(run(cmd, out, sizeof(out)), 1);
+    assert_non_null(strstr(out, "(300 and 300 tokens; id 297 is"));
+    assert_non_null(strstr(out, "and '<tool_call>' in the draft"));
+    remove(q8);
 }
 
 static void test_batch_draft_exact(void **state) {
@@ -421,6 +513,7 @@ int main(void) {
         cmocka_unit_test(test_generate_kv_types),
         cmocka_unit_test(test_batch_ctx_limit_and_kv_type),
         cmocka_unit_test(test_batch_draft_exact),
+        cmocka_unit_test(test_batch_draft_model_exact),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

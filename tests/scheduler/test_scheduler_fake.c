@@ -9,7 +9,11 @@
  * (preemption + recompute), must give the same token ids, text and finish
  * reasons, with no fake-KV violation and the ledger consistent after every
  * step. Also: a shared 200-token prefix is prefilled once; cancellation frees
- * blocks within one step; submit errors; the threaded loop.
+ * blocks within one step; submit errors; the threaded loop. And drafts from a
+ * draft model (scheduler/drafter.h) change no token either: a draft model
+ * identical to the model is always right at temperature 0 (every draft
+ * accepted), one of another vocabulary size mostly wrong; the draft pool,
+ * when tiny, is shared by releasing other sequences' draft KV, and none leaks.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -422,6 +426,61 @@ static void test_scheduler_fake_threaded_loop(void **state) {
     engine_model_free(m);
 }
 
+/* The requests of check_config, drafted for by draft (draft_n 4, every step
+ * that may draft does: --draft-always), against each run alone without. */
+static void check_draft(uint64_t seed, const struct engine_model *m, const struct engine_model *draft,
+                        int32_t n_blocks, int32_t draft_blocks, int32_t max_seqs, bool greedy,
+                        struct scheduler_stats *st) {
+    struct req_spec reqs[40];
+    struct result want[40], got[40];
+    make_reqs(seed, reqs, 40, 30);
+    // Greedy, and eos allowed: with ignore_eos the sampler bans eos, which the
+    // draft model (knowing nothing of requests) may still propose.
+    if (greedy)
+        for (int i = 0; i < 40; i++) reqs[i].temperature = 0.0f, reqs[i].ignore_eos = false;
+    oracle(m, reqs, 40, want);
+    struct scheduler_params p = params(n_blocks, 512, true);
+    p.max_seqs = max_seqs;
+    p.draft_model = draft;
+    p.draft_n = 4;
+    p.draft_always = true;
+    p.draft_kv_blocks = draft_blocks;
+    run(m, &p, reqs, 40, got, st);
+    expect_same(want, got, 40, "draft model", seed);
+    assert_int_equal(st->n_draft_blocks_used, 0);  // every sequence's draft KV went back
+    assert_int_equal(fake_engine_n_errors(draft), 0);
+}
+
+static void test_scheduler_fake_draft_model(void **state) {
+    (void)state;
+    struct engine_model *m = make_model(0);
+    struct engine_model *same = make_model(0);
+    struct fake_engine_params op = {.n_vocab = N_VOCAB - 3, .n_ctx = 2048};
+    struct engine_model *other = fake_engine_model_create(&op);
+    struct scheduler_stats st;
+    for (uint64_t seed = 30; seed <= 32; seed++) {
+        // The same model drafts: at temperature 0 every draft is what it then says.
+        check_draft(seed, m, same, 512, 0, 4, true, &st);
+        assert_true(st.n_draft_tokens > 100);
+        assert_int_equal(st.n_draft_accepted, st.n_draft_tokens);
+        // Sampled requests too; up to 16 running, of which steps with <= 4 decoders draft.
+        check_draft(seed, m, same, 512, 0, 16, false, &st);
+        assert_true(st.n_draft_accepted > 0 && st.n_draft_accepted < st.n_draft_tokens);
+        // A draft pool of 4 blocks (64 tokens) for requests of up to 120, and a
+        // main pool that preempts.
+        check_draft(seed, m, same, 11, 5, 4, true, &st);
+        assert_true(st.n_draft_accepted > 0);
+        assert_int_equal(st.n_draft_blocks_total, 4);
+        check_draft(seed, m, other, 512, 0, 4, true, &st);
+        // 61 ids of 64: the draft's argmax is the model's about 1 time in 64
+        assert_true(st.n_draft_tokens > 100);
+        assert_true(st.n_draft_accepted * 8 < st.n_draft_tokens);
+    }
+    engine_model_free(other);
+    engine_model_free(same);
+    engine_model_free(m);
+}
+
 int main(void) {
     log_set_level(LOG_LEVEL_WARN);  // one INFO line per scheduler otherwise
     const struct CMUnitTest tests[] = {
@@ -432,6 +491,7 @@ int main(void) {
         cmocka_unit_test(test_scheduler_fake_cancel_frees_blocks_within_one_step),
         cmocka_unit_test(test_scheduler_fake_submit_errors),
         cmocka_unit_test(test_scheduler_fake_threaded_loop),
+        cmocka_unit_test(test_scheduler_fake_draft_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
