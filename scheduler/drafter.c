@@ -224,6 +224,7 @@ int drafter_propose(struct drafter *d, struct drafter_job *jobs, int32_t n,
         struct drafter_job *job = &jobs[j];
         job->k = 0;
         ASSERT(job->room >= 1 && job->sq->n_tokens >= 1);
+        job->n_fed = job->sq->n_tokens - job->sq->n_draft_computed;
         // Tokens fed and drafted: [0, n_tokens + room - 1).
         if (!reserve(d, job->sq, job->sq->n_tokens + job->room - 1, queues, n_queues, jobs, n))
             job->room = 0;

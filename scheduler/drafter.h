@@ -44,13 +44,16 @@ struct drafter_params {
 };
 
 /* One sequence's part of a proposal: the caller sets sq and room (>= 1, the
- * most draft tokens it can take); drafter_propose() sets k (0..room) and
- * writes the draft to out [room]. */
+ * most draft tokens it can take); drafter_propose() sets k (0..room), writes
+ * the draft to out [room] and says how many of the sequence's tokens the
+ * draft model had not seen (n_fed: 1 or 2 while it drafts every step, more
+ * after steps without drafts, and the whole prompt the first time). */
 struct drafter_job {
     struct seq *sq;
     int32_t room;
     int32_t *out;
     int32_t k;
+    int32_t n_fed;
 };
 
 /* Creates the drafter over draft (borrowed; outlives the drafter). The

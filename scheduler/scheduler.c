@@ -385,12 +385,14 @@ static bool emit_token(struct scheduler *s, struct seq *sq, const float *row, in
 #define DRAFT_EXPLORE_STEPS 32
 #define DRAFT_EMA_WEIGHT 0.1
 
-/* Whether this decode-only step drafts (see above). */
+/* Whether this decode-only step drafts (see above). A draft model explores
+ * for two steps: the first feeds it the tokens of the steps without drafts
+ * and is not timed (propose_drafts). */
 static bool draft_choice(struct scheduler *s) {
     if (s->p.draft_always || s->draft_ns_on == 0.0) return true;
     if (s->draft_ns_off == 0.0) return false;
     bool is_on_faster = s->draft_ns_on < s->draft_ns_off;
-    if (s->n_draft_steps % DRAFT_EXPLORE_STEPS == 0) return !is_on_faster;
+    if (s->n_draft_steps % DRAFT_EXPLORE_STEPS < (s->drafter ? 2 : 1)) return !is_on_faster;
     return is_on_faster;
 }
 
@@ -468,7 +470,12 @@ static void propose_drafts(struct scheduler *s, int32_t *n_tokens, int32_t *n_ro
     if (n_jobs == 0) return;
     struct seq_queue *queues[2] = {&s->running, &s->waiting};
     if (drafter_propose(s->drafter, s->jobs, n_jobs, queues, 2) != 0) return;
-    for (int32_t j = 0; j < n_jobs; j++) take_draft(s, s->job_of[j], s->jobs[j].k, n_tokens, n_rows);
+    for (int32_t j = 0; j < n_jobs; j++) {
+        take_draft(s, s->job_of[j], s->jobs[j].k, n_tokens, n_rows);
+        // Catching the draft model up (a prompt, or the steps it sat out) is not
+        // what a step with drafts costs: such a step is not timed.
+        if (s->jobs[j].n_fed > 2) s->is_timed = false;
+    }
 }
 
 /* After the forward pass: sq's rows row .. row + k (k = its draft tokens
