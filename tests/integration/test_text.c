@@ -280,6 +280,61 @@ static void test_text_completions_plain_and_streamed(void **state) {
     }
 }
 
+/* A server drafting with a draft model (--draft-model: stories260K for
+ * itself) gives the same text, plain and streamed; drafting for itself at
+ * temperature 0, every draft is accepted (/metrics). */
+static void test_text_draft_model_changes_no_text(void **state) {
+    (void)state;
+    shared_or_skip();
+    struct httptest_server s2;
+    char flags[4096];
+    snprintf(flags, sizeof(flags), "--draft-model %s --draft-n 4", model_path());
+    httptest_start(&s2, model_path(), flags);
+    for (size_t k = 0; k < sizeof(k_cases) / sizeof(k_cases[0]); k++) {
+        const struct text_case *c = &k_cases[k];
+        for (int stream = 0; stream < 2; stream++) {
+            char body[2048];
+            snprintf(body, sizeof(body),
+                     "{\"prompt\": %s, \"max_tokens\": %d, \"temperature\": 0, \"stream\": %s}",
+                     quoted(c->prompt), (int)c->n_gen, stream ? "true" : "false");
+            struct httptest_resp r;
+            assert_int_equal(httptest_request(s2.port, "POST", "/v1/completions", NULL, body, &r),
+                             200);
+            if (stream) {
+                int n = 0;
+                char **ev = httptest_sse_events(r.body, &n);
+                char text[1024] = "";
+                for (int i = 0; i < n - 1; i++) {
+                    json_t *o = json_loads(ev[i], 0, NULL);
+                    assert_non_null(o);
+                    json_t *t = json_object_get(json_array_get(json_object_get(o, "choices"), 0), "text");
+                    if (json_is_string(t)) strcat(text, json_string_value(t));
+                    json_decref(o);
+                }
+                httptest_events_free(ev, n);
+                assert_string_equal(text, expected_text(c));
+            } else {
+                json_t *o = json_loads(r.body, 0, NULL);
+                assert_non_null(o);
+                assert_string_equal(choice_str(o, "text"), expected_text(c));
+                json_decref(o);
+            }
+            httptest_resp_free(&r);
+        }
+    }
+    struct httptest_resp m;
+    assert_int_equal(httptest_request(s2.port, "GET", "/metrics", NULL, NULL, &m), 200);
+    double drafted = httptest_metric(m.body, "llmserve_draft_tokens_total");
+    double accepted = httptest_metric(m.body, "llmserve_draft_accepted_tokens_total");
+    print_message("draft model: %.0f of %.0f draft tokens accepted\n", accepted, drafted);
+    assert_true(drafted > 0);
+    assert_true(accepted == drafted);
+    assert_true(httptest_metric(m.body, "llmserve_draft_kv_blocks_total") > 0);
+    assert_true(httptest_metric(m.body, "llmserve_draft_kv_blocks_used") == 0);
+    httptest_resp_free(&m);
+    httptest_stop(&s2, SIGTERM);
+}
+
 /* llama.cpp's server on the same file (issue 14). */
 static void test_text_the_cat_keeps_its_space(void **state) {
     (void)state;
@@ -566,6 +621,7 @@ int main(void) {
     };
     const struct CMUnitTest http[] = {
         cmocka_unit_test(test_text_completions_plain_and_streamed),
+        cmocka_unit_test(test_text_draft_model_changes_no_text),
         cmocka_unit_test(test_text_the_cat_keeps_its_space),
         cmocka_unit_test(test_text_bos_only_prompt_starts_the_text),
         cmocka_unit_test(test_text_echo_and_logprobs),
