@@ -19,6 +19,7 @@
 #include <stdlib.h>
 
 #include "engine/base/alloc.h"
+#include "engine/base/clock.h"
 #include "engine/base/err.h"
 #include "engine/base/log.h"
 #include "scheduler/block_alloc.h"
@@ -39,6 +40,7 @@ struct drafter {
     struct engine_seq *b_seqs;         // owned; [max_seqs]
     int32_t *b_job;                    // owned; [max_seqs] the job of batch sequence i
     int32_t *b_row;                    // owned; [max_seqs] its logits row, -1: none
+    double pass_ns;                    // moving average of a drafting pass's time, 0: none yet
 };
 
 int drafter_create(const struct engine_model *draft, const struct drafter_params *p,
@@ -245,8 +247,11 @@ int drafter_propose(struct drafter *d, struct drafter_job *jobs, int32_t n,
         }
         if (n_tok == 0) break;
         const float *logits = NULL;
+        const int64_t t0 = clock_mono_ns();
         err = forward(d, n_tok, n_seqs, &logits);
         if (err) break;
+        const double ns = (double)(clock_mono_ns() - t0);
+        d->pass_ns = d->pass_ns == 0.0 ? ns : d->pass_ns + 0.1 * (ns - d->pass_ns);
         for (int32_t bi = 0; bi < n_seqs; bi++) {
             struct drafter_job *job = &jobs[d->b_job[bi]];
             job->out[job->k++] = greedy(logits + (size_t)bi * (size_t)d->n_vocab_draft, nv);
@@ -267,6 +272,10 @@ int drafter_propose(struct drafter *d, struct drafter_job *jobs, int32_t n,
                block_table_blocks_for(jobs[j].sq->n_draft_computed, d->p.block_size));
     }
     return 0;
+}
+
+double drafter_pass_ns(const struct drafter *d) {
+    return d->pass_ns;
 }
 
 int32_t drafter_n_blocks(const struct drafter *d) {

@@ -82,6 +82,10 @@ void drafter_cut(struct drafter *d, struct seq *sq, int32_t n_valid);
 /* Releases sq's draft KV (it finished, or its blocks are wanted). */
 void drafter_release(struct drafter *d, struct seq *sq);
 
+/* Nanoseconds one drafting pass (one token of each job) takes, a moving
+ * average; 0 before the first. */
+double drafter_pass_ns(const struct drafter *d);
+
 /* KV blocks of the pool (the null block excluded), and in use now. */
 int32_t drafter_n_blocks(const struct drafter *d);
 int32_t drafter_n_blocks_used(const struct drafter *d);

@@ -431,6 +431,33 @@ static void take_draft(struct scheduler *s, int32_t i, int32_t k, int32_t *n_tok
     *n_rows += k;
 }
 
+/* A draft model's draft length. With alpha the chance that a draft token
+ * is right (each one given the ones before it: the sequence's accepted over
+ * tested draft tokens, from a prior of 1 in 2), k drafted tokens yield
+ * E(k) = 1 + alpha + ... + alpha^k tokens a step, and cost k drafting
+ * passes (c each, in steps of the model without drafts) and k more tokens
+ * in the model's step (1 / (F + 1) each, F its fixed cost in tokens,
+ * step_cost.h). The k of room or less with the most tokens per cost wins;
+ * none (0) when no k beats decoding without drafts. Before the costs are
+ * measured, and with draft_always: room. */
+static int32_t draft_length(const struct scheduler *s, const struct seq *sq, int32_t room,
+                            int32_t n_decodes) {
+    const double pass = drafter_pass_ns(s->drafter);
+    if (s->p.draft_always || pass == 0.0 || s->draft_ns_off == 0.0) return room;
+    const double c = pass / (s->draft_ns_off * (n_decodes > 0 ? n_decodes : 1));
+    const double v = s->cost.fixed > 0 ? 1.0 / (s->cost.fixed + 1.0) : 0.0;
+    const double alpha = (sq->draft_hits + 1.0) / (sq->draft_trials + 2.0);
+    double best = 1.0, e = 1.0, a_k = 1.0;
+    int32_t best_k = 0;
+    for (int32_t k = 1; k <= room; k++) {
+        a_k *= alpha;
+        e += a_k;
+        double value = e / (1.0 + k * (c + v));
+        if (value > best) best = value, best_k = k;
+    }
+    return best_k;
+}
+
 static void propose_drafts(struct scheduler *s, int32_t *n_tokens, int32_t *n_rows) {
     struct step_plan *plan = &s->plan;
     int32_t n_decodes = 0;
@@ -463,6 +490,12 @@ static void propose_drafts(struct scheduler *s, int32_t *n_tokens, int32_t *n_ro
         // earlier one took all of its own.
         int32_t room = draft_room(s, sq, *n_tokens + n_room, *n_rows + n_room);
         if (room <= 0) continue;
+        room = draft_length(s, sq, room, n_decodes);
+        if (room == 0) {  // not worth it now: try again later, afresh
+            sq->draft_resume_at = sq->n_tokens + DRAFT_BACKOFF_TOKENS;
+            sq->draft_hits = sq->draft_trials = 0.0f;
+            continue;
+        }
         s->jobs[n_jobs] = (struct drafter_job){.sq = sq, .room = room, .out = d};
         s->job_of[n_jobs++] = i;
         n_room += room;
@@ -508,6 +541,11 @@ static bool verify(struct scheduler *s, struct seq *sq, const float *logits, int
     if (s->p.enable_prefix_cache) seq_publish_blocks(sq, s->alloc);
     sq->n_drafted += k;
     sq->n_draft_accepted += n_ok;
+    // Trials of the draft length's alpha: every accepted token, and the first
+    // rejected one; the older ones count less (halved every 64).
+    sq->draft_hits += (float)n_ok;
+    sq->draft_trials += (float)(n_ok + (n_ok < k));
+    if (sq->draft_trials > 64.0f) sq->draft_hits *= 0.5f, sq->draft_trials *= 0.5f;
     if (sq->n_drafted >= DRAFT_MIN_SAMPLE && 4 * sq->n_draft_accepted < sq->n_drafted) {
         sq->draft_resume_at = sq->n_tokens + DRAFT_BACKOFF_TOKENS;
         sq->n_drafted = sq->n_draft_accepted = 0;

@@ -105,6 +105,8 @@ struct seq {
     int32_t n_drafted;                // speculative decoding: draft tokens verified, and
     int32_t n_draft_accepted;         //    accepted, since draft_resume_at
     int32_t draft_resume_at;          // no drafts before n_tokens reaches this (low acceptance)
+    float draft_hits, draft_trials;   // draft model: draft tokens accepted, and tested (each
+                                      //    accepted one, plus the first rejected), decayed
     struct block_table draft_table;   // the draft model's KV of tokens [0, n_draft_computed)
     int32_t n_draft_computed;         //    (scheduler/drafter.h); empty without a draft model
     struct seq *prev;                 // queue links: owned by the seq_queue holding it
