@@ -22,6 +22,7 @@
 #include "engine/base/clock.h"
 #include "engine/base/err.h"
 #include "engine/base/log.h"
+#include "engine/text/sampler.h"
 #include "scheduler/block_alloc.h"
 #include "scheduler/block_table.h"
 #include "scheduler/seq.h"
@@ -33,6 +34,7 @@ struct drafter {
     struct block_alloc *alloc;         // owned
     struct drafter_params p;
     int32_t n_vocab_draft;             // the draft model's (may exceed p.n_vocab)
+    int32_t n_vocab_both;              // ids both vocabularies have: drafts are below it
     int32_t *b_token;                  // owned; [max_batch_tokens]
     int32_t *b_pos;                    // owned; [max_batch_tokens]
     int32_t *b_seq;                    // owned; [max_batch_tokens]
@@ -59,6 +61,7 @@ int drafter_create(const struct engine_model *draft, const struct drafter_params
     d->tok = engine_model_tokenizer(draft);
     d->p = *p;
     d->n_vocab_draft = engine_model_get_info(draft)->n_vocab;
+    d->n_vocab_both = p->n_vocab < d->n_vocab_draft ? p->n_vocab : d->n_vocab_draft;
     int32_t max_seqs = p->max_seqs < p->max_batch_tokens ? p->max_seqs : p->max_batch_tokens;
     d->p.max_seqs = max_seqs;
     struct engine_ctx_params cp = engine_ctx_default_params();
@@ -138,13 +141,10 @@ static bool reserve(struct drafter *d, struct seq *sq, int32_t n_tokens,
     return r == BLOCK_RESERVE_OK;
 }
 
-/* The draft's greedy token of a logits row: the highest logit among the ids
- * both vocabularies have (ties to the lowest id, as the sampler's greedy). */
-static int32_t greedy(const float *row, int32_t n) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (row[i] > row[best]) best = i;
-    return best;
+/* The draft's greedy token of logits row `row`, among the ids both
+ * vocabularies have. */
+static int32_t draft_token(const struct drafter *d, const float *logits, int32_t row) {
+    return sampler_argmax(logits + (size_t)row * (size_t)d->n_vocab_draft, d->n_vocab_both);
 }
 
 /* Adds token at pos of batch sequence bi to the batch. An id the draft's
@@ -182,7 +182,6 @@ static void bind(struct drafter *d, int32_t bi, const struct drafter_job *job, i
 /* Feeds every active job's unseen tokens; sets out[0] and k = 1 of each. */
 static int feed(struct drafter *d, struct drafter_job *jobs, int32_t n_jobs) {
     const int32_t T = d->p.max_batch_tokens;
-    const int32_t nv = d->p.n_vocab < d->n_vocab_draft ? d->p.n_vocab : d->n_vocab_draft;
     int32_t j = 0;
     while (j < n_jobs) {
         int32_t n = 0, n_seqs = 0, n_out = 0;
@@ -212,7 +211,7 @@ static int feed(struct drafter *d, struct drafter_job *jobs, int32_t n_jobs) {
         for (int32_t bi = 0; bi < n_seqs; bi++) {
             if (d->b_row[bi] < 0) continue;
             struct drafter_job *job = &jobs[d->b_job[bi]];
-            job->out[0] = greedy(logits + (size_t)d->b_row[bi] * (size_t)d->n_vocab_draft, nv);
+            job->out[0] = draft_token(d, logits, d->b_row[bi]);
             job->k = 1;
         }
     }
@@ -232,7 +231,6 @@ int drafter_propose(struct drafter *d, struct drafter_job *jobs, int32_t n,
             job->room = 0;
     }
     int err = feed(d, jobs, n);
-    const int32_t nv = d->p.n_vocab < d->n_vocab_draft ? d->p.n_vocab : d->n_vocab_draft;
     for (int32_t step = 1; !err; step++) {
         int32_t n_tok = 0, n_seqs = 0;
         for (int32_t j = 0; j < n; j++) {
@@ -254,7 +252,7 @@ int drafter_propose(struct drafter *d, struct drafter_job *jobs, int32_t n,
         d->pass_ns = d->pass_ns == 0.0 ? ns : d->pass_ns + 0.1 * (ns - d->pass_ns);
         for (int32_t bi = 0; bi < n_seqs; bi++) {
             struct drafter_job *job = &jobs[d->b_job[bi]];
-            job->out[job->k++] = greedy(logits + (size_t)bi * (size_t)d->n_vocab_draft, nv);
+            job->out[job->k++] = draft_token(d, logits, bi);
         }
     }
     if (err) {

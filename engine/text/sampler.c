@@ -445,9 +445,8 @@ static double row_sum_exp(const float *x, int64_t n, float m, float scale, float
     return total;
 }
 
-/* Index of the largest value (ties: lowest index; NaN ignored; 0 when none).
- * One pass; each lane keeps its first maximum, then the lanes are merged. */
-static int32_t row_argmax(const float *restrict x, int32_t n) {
+/* One pass; each lane keeps its first maximum, then the lanes are merged. */
+int32_t sampler_argmax(const float *restrict x, int32_t n) {
     int32_t k_best[SAMPLER_LANES];
     int32_t i_best[SAMPLER_LANES];
     for (int j = 0; j < SAMPLER_LANES; j++) {
@@ -699,13 +698,13 @@ static void build_dist(const struct sampler *s, struct sampler_scratch *sc, cons
     bool is_greedy = !isfinite(inv_t);  // temperature 0, or so small that 1/T overflows
     // Greedy with nothing to adjust is one pass over the raw row.
     if (is_greedy && !has_adjustments(s) && !allow) {
-        dist_one(sc, row_argmax(logits, n_vocab));
+        dist_one(sc, sampler_argmax(logits, n_vocab));
         return;
     }
     adjust_logits(s, sc, logits, allow);  // 1-4
     float *w = sc->work;
     if (is_greedy) {  // 5.
-        dist_one(sc, row_argmax(w, n_vocab));
+        dist_one(sc, sampler_argmax(w, n_vocab));
         return;
     }
     bool is_truncated = p->top_p < 1.0f || p->min_p > 0.0f;

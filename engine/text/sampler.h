@@ -117,6 +117,10 @@ struct sampler_result {
  * for at least s's n_vocab; its contents are overwritten. Cost: greedy is one
  * pass; top-k <= 512 one pass plus O(k log k); without top-k, top-p sorts only
  * the tokens that can be in the nucleus. [step thread] */
+/* Index of the largest of x [n] (ties: the lowest index; NaN ignored; 0
+ * when none): the greedy choice, as step 5 above makes it. [any thread] */
+int32_t sampler_argmax(const float *x, int32_t n);
+
 int32_t sampler_sample(struct sampler *s, struct sampler_scratch *sc, const float *logits,
                        struct sampler_result *out);
 
