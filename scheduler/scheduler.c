@@ -404,7 +404,7 @@ static void draft_observe(struct scheduler *s, int64_t ns, int32_t n_emitted) {
     *ema = *ema == 0.0 ? x : *ema + DRAFT_EMA_WEIGHT * (x - *ema);
 }
 
-/* The most draft tokens sequence sq (plan entry i) may take, given the
+/* The most draft tokens sequence sq may take, given the
  * batch's tokens and rows so far. */
 static int32_t draft_room(const struct scheduler *s, const struct seq *sq, int32_t n_tokens,
                           int32_t n_rows) {
@@ -888,7 +888,7 @@ int scheduler_create(const struct engine_model *model, const struct scheduler_pa
         (p->kv_blocks == 0 && p->kv_memory_mib < 1) || p->n_ctx < 0 ||
         p->kv_type < 0 || p->kv_type >= ENGINE_KV_TYPE_COUNT || p->max_loras < 0 ||
         p->max_loras > SCHEDULER_MAX_LORAS || p->draft_n < 0 || p->draft_n > SCHEDULER_MAX_DRAFT ||
-        p->draft_kv_blocks < 0 || (p->draft_model && (p->draft_n < 1 || p->comm))) {
+        p->draft_kv_blocks < 0 || (p->draft_model && p->comm)) {
         LOG_ERROR("%s: bad params block_size=%d max_seqs=%d max_batch_tokens=%d max_queue=%d "
                   "kv_blocks=%d kv_memory_mib=%d max_loras=%d draft_n=%d draft_kv_blocks=%d "
                   "draft_model=%s%s", __func__,
@@ -909,6 +909,7 @@ int scheduler_create(const struct engine_model *model, const struct scheduler_pa
     if (!s) return ERR_NOMEM;
     s->model = model;
     s->p = *p;
+    if (p->draft_model && p->draft_n == 0) s->p.draft_n = SCHEDULER_DRAFT_N_WITH_MODEL;
     s->tok = engine_model_tokenizer(model);
     const struct engine_model_info *info = engine_model_get_info(model);
     s->n_vocab = info->n_vocab;
@@ -928,7 +929,7 @@ int scheduler_create(const struct engine_model *model, const struct scheduler_pa
     cp.max_seqs = p->max_seqs;
     // One logits row per sequence, plus the draft tokens of the few decoders
     // that draft (propose_drafts); never more rows than tokens.
-    int64_t rows = (int64_t)p->max_seqs + (int64_t)SCHEDULER_DRAFT_MAX_DECODES * p->draft_n;
+    int64_t rows = (int64_t)p->max_seqs + (int64_t)SCHEDULER_DRAFT_MAX_DECODES * s->p.draft_n;
     cp.max_outputs = rows < p->max_batch_tokens ? (int32_t)rows : p->max_batch_tokens;
     s->max_outputs = cp.max_outputs;
     cp.block_size = p->block_size;

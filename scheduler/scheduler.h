@@ -53,7 +53,8 @@ struct scheduler_params {
     const struct engine_model *draft_model;  // NULL: drafts by prompt lookup. Else drafts
                                 //    from this model (greedy; scheduler/drafter.h), which
                                 //    must have the model's vocabulary (the caller checks)
-                                //    and outlive the scheduler; needs draft_n >= 1
+                                //    and outlive the scheduler; draft_n 0 is then
+                                //    SCHEDULER_DRAFT_N_WITH_MODEL
     int32_t draft_kv_blocks;    // the draft model's KV pool incl. the null block; 0: room for
                                 //    SCHEDULER_DRAFT_MAX_DECODES sequences of n_ctx tokens,
                                 //    at most kv_memory_mib of the draft model's KV

@@ -535,7 +535,6 @@ int cmd_batch(int argc, char **argv) {
             return 1;
         }
         sp.draft_model = draft;
-        if (sp.draft_n == 0) sp.draft_n = SCHEDULER_DRAFT_N_WITH_MODEL;
     }
     if (lo.n > 0 && sp.max_loras == 0) {
         fprintf(stderr, "batch: --lora needs --max-loras >= 1\n");

@@ -72,7 +72,6 @@ static int start_scheduler(const struct config *cfg, struct engine_model *model,
     sp.step_ratio = cfg->step_ratio;
     sp.draft_n = cfg->draft_n;
     sp.draft_model = draft;
-    if (draft && sp.draft_n == 0) sp.draft_n = SCHEDULER_DRAFT_N_WITH_MODEL;
     sp.max_queue = cfg->max_queue;
     sp.n_threads = cfg->n_threads;
     sp.n_ctx = cfg->n_ctx;
