@@ -377,6 +377,17 @@ static long long spec_run(const char *m, const char *prompts, const char *flags,
     return spec_run_drafted(m, prompts, flags, ids, NULL);
 }
 
+/* ../shared/models/README.md: stories260K's 31 greedy ids after [BOS]
+ * (k_spec_lines[0]'s answer). */
+static void expect_readme_ids(json_t *ids) {
+    static const int readme[31] = {403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315,
+                                   421, 395, 317, 426, 338, 401, 396, 267, 337, 410, 408,
+                                   419, 292, 411, 322, 265, 282, 295, 433, 426};
+    assert_int_equal(json_array_size(ids), 31);
+    for (int i = 0; i < 31; i++)
+        assert_int_equal(json_integer_value(json_array_get(ids, (size_t)i)), readme[i]);
+}
+
 /* Writes lines [0, n) of k_spec_lines to a file; returns its path (static). */
 static const char *spec_prompts(const char *name, int n) {
     static char path[4096];
@@ -414,6 +425,7 @@ static void test_batch_draft_model_exact(void **state) {
     print_message("self-draft, greedy: %lld of %lld accepted\n", accepted, drafted);
     assert_true(drafted > 50);
     assert_int_equal(accepted, drafted);
+    expect_readme_ids(got[0]);  // drafted, the README's ids still
     for (int i = 0; i < 3; i++) {
         assert_true(json_equal(got[i], ref[i]));
         json_decref(got[i]);
@@ -422,6 +434,7 @@ static void test_batch_draft_model_exact(void **state) {
     // Every line, greedy and sampled, against decoding without drafts.
     const char *all = spec_prompts("tests/spec-prompts-dm.jsonl", N_SPEC);
     assert_int_equal(spec_run(m, all, "--max-seqs 1", ref), 0);
+    expect_readme_ids(ref[0]);
     char tiny[8192];
     snprintf(tiny, sizeof(tiny), "--max-seqs 4 --draft-model %s --draft-always --draft-kv-blocks 6",
              q8);
@@ -472,13 +485,7 @@ static void test_batch_draft_exact(void **state) {
     fclose(f);
     json_t *ref[N_SPEC], *got[N_SPEC];
     assert_int_equal(spec_run(m, prompts, "--max-seqs 1", ref), 0);
-    // the README's greedy ids after [BOS]
-    const int readme[31] = {403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315,
-                            421, 395, 317, 426, 338, 401, 396, 267, 337, 410, 408,
-                            419, 292, 411, 322, 265, 282, 295, 433, 426};
-    assert_int_equal(json_array_size(ref[0]), 31);
-    for (int i = 0; i < 31; i++)
-        assert_int_equal(json_integer_value(json_array_get(ref[0], (size_t)i)), readme[i]);
+    expect_readme_ids(ref[0]);
     // --draft-always: every possible draft is verified (the timing policy
     // would turn drafting off for this tiny model); the last run has the policy.
     const char *flags[] = {"--max-seqs 1 --draft-n 4 --draft-always",
