@@ -13,7 +13,10 @@
  *                         transition table and a cached token mask.
  * The tables only grow while a sequence is decoded; when they pass their caps
  * between two tokens the matcher keeps its current stacks, forgets the rest
- * and starts afresh (compact()). A closure (the stacks reached without
+ * and starts afresh (compact()). When the current stacks alone hold more than
+ * GRAMMAR_LIVE_NODES_MAX frames (an ambiguous grammar whose stacks all grow,
+ * byte after byte), the matcher stops following (is_overgrown): copying them
+ * again after every byte would cost a tenth of a second a byte. A closure (the stacks reached without
  * consuming a byte) visits each (pos, parent) at most once, so it ends even
  * for ambiguous grammars; gbnf.c has already refused left recursion.
  */
@@ -30,6 +33,10 @@
 
 #define GRAMMAR_STATES_MAX 8192    // states kept between tokens before a compaction
 #define GRAMMAR_NODES_MAX (1 << 18)
+// Stack frames the current stacks alone may hold after a compaction; past it the
+// grammar is too ambiguous to follow. Half of GRAMMAR_NODES_MAX, so that between two
+// compactions at least as many nodes are made as the next one copies.
+#define GRAMMAR_LIVE_NODES_MAX (GRAMMAR_NODES_MAX / 2)
 #define GRAMMAR_TABLES_MAX 4096    // transition tables (1 KiB each)
 #define GRAMMAR_MASKS_MAX 32       // cached token masks
 #define GRAMMAR_CLOSURE_MAX (1 << 16)  // configurations one closure may visit
@@ -191,9 +198,11 @@ struct grammar {
     uint32_t node_index_mask;
     uint32_t epoch;
     int64_t n_masks_cut;       // masks whose walk used up its work (grammar_n_masks_cut)
+    int64_t n_compactions;     // compact() calls (grammar_n_compactions)
     bool is_cut_dead;          // the last mask was cut short and allowed nothing
     bool is_budgeted;          // inside grammar_mask(): its walk has a bound of work
     bool is_over_budget;       // ... and has used it up: what it has not seen is not allowed
+    bool is_overgrown;         // the current stacks passed GRAMMAR_LIVE_NODES_MAX: follows nothing
     int64_t work_left;         // stacks and configurations it may still visit
     // states
     struct gstate *states;     // owned; [n_states]
@@ -537,6 +546,11 @@ int32_t grammar_mask(struct grammar *gm, const struct grammar_vocab *v, uint64_t
     gm->is_cut_dead = false;
     int32_t st = gm->cur;
     if (st < 0) return 0;
+    if (gm->is_overgrown) {  // not a dead end: too ambiguous to follow further
+        gm->n_masks_cut++;
+        gm->is_cut_dead = true;
+        return 0;
+    }
     if (gm->mask_words == 0) gm->mask_words = words;
     ASSERT(gm->mask_words == words);  // one vocabulary per matcher
     int32_t slot = gm->states[st].mask;
@@ -602,20 +616,24 @@ int32_t grammar_mask(struct grammar *gm, const struct grammar_vocab *v, uint64_t
 
 enum grammar_step grammar_accept_bytes(struct grammar *gm, const void *bytes, size_t len) {
     int32_t st = gm->cur;
-    if (st < 0) return GRAMMAR_STEP_REJECT;
+    if (st < 0 || gm->is_overgrown) return GRAMMAR_STEP_REJECT;
     const uint8_t *p = bytes;
     for (size_t i = 0; i < len && st >= 0; i++) st = trans(gm, st, p[i]);
     if (st < 0) return GRAMMAR_STEP_REJECT;
     gm->cur = st;
     if (gm->n_states > GRAMMAR_STATES_MAX || gm->n_nodes > GRAMMAR_NODES_MAX ||
-        gm->n_tables >= GRAMMAR_TABLES_MAX)
+        gm->n_tables >= GRAMMAR_TABLES_MAX) {
         compact(gm);
+        gm->n_compactions++;
+        gm->is_overgrown = gm->n_nodes > GRAMMAR_LIVE_NODES_MAX;
+    }
     return state_is_done(gm, gm->cur) ? GRAMMAR_STEP_DONE : GRAMMAR_STEP_OK;
 }
 
 enum grammar_step grammar_accept_token(struct grammar *gm, const struct grammar_vocab *v,
                                        int32_t token) {
-    if (gm->cur < 0 || token < 0 || token >= v->n_vocab) return GRAMMAR_STEP_REJECT;
+    if (gm->cur < 0 || gm->is_overgrown || token < 0 || token >= v->n_vocab)
+        return GRAMMAR_STEP_REJECT;
     for (int32_t k = 0; k < v->n_eog; k++) {
         if (v->eog[k] == token)
             return gm->states[gm->cur].is_accepting ? GRAMMAR_STEP_DONE : GRAMMAR_STEP_REJECT;
@@ -626,7 +644,7 @@ enum grammar_step grammar_accept_token(struct grammar *gm, const struct grammar_
 }
 
 bool grammar_allows_byte(struct grammar *gm, uint8_t b) {
-    return gm->cur >= 0 && trans(gm, gm->cur, b) >= 0;
+    return gm->cur >= 0 && !gm->is_overgrown && trans(gm, gm->cur, b) >= 0;
 }
 
 bool grammar_is_accepting(const struct grammar *gm) {
@@ -638,3 +656,7 @@ int64_t grammar_n_masks_cut(const struct grammar *gm) { return gm->n_masks_cut; 
 bool grammar_is_cut_dead(const struct grammar *gm) { return gm->is_cut_dead; }
 
 int32_t grammar_n_states(const struct grammar *gm) { return gm->n_states; }
+
+int32_t grammar_n_nodes(const struct grammar *gm) { return gm->n_nodes; }
+
+int64_t grammar_n_compactions(const struct grammar *gm) { return gm->n_compactions; }

@@ -73,7 +73,7 @@ enum grammar_step {
 enum grammar_step grammar_accept_token(struct grammar *gm, const struct grammar_vocab *v,
                                        int32_t token);
 
-/* Advances by len raw bytes (for tests and tools): OK, DONE or REJECT as
+/* Advances by len raw bytes (a trigger's text, tests, tools): OK, DONE or REJECT as
  * above; on REJECT the state is unchanged. */
 enum grammar_step grammar_accept_bytes(struct grammar *gm, const void *bytes, size_t len);
 
@@ -83,15 +83,24 @@ bool grammar_allows_byte(struct grammar *gm, uint8_t b);
 /* True when the output so far is a whole sentence of the grammar. */
 bool grammar_is_accepting(const struct grammar *gm);
 
-/* Lazily built automaton size, for tests and benchmarks. */
+/* Lazily built automaton size, for tests and benchmarks: states, and stack
+ * frames (nodes) of every state kept. */
 int32_t grammar_n_states(const struct grammar *gm);
+int32_t grammar_n_nodes(const struct grammar *gm);
+
+/* Times the matcher emptied its tables and kept only the current stacks
+ * (between two accepts, when the tables pass their caps), for tests. */
+int64_t grammar_n_compactions(const struct grammar *gm);
 
 /* Masks of this matcher cut short by grammar_mask()'s bound of work. */
 int64_t grammar_n_masks_cut(const struct grammar *gm);
 
 /* Whether the last grammar_mask() allowed nothing because it was cut short
  * (not a dead end: the grammar was too ambiguous to follow; the caller ends
- * the sequence with an error rather than as complete). */
+ * the sequence with an error rather than as complete). It is also true once
+ * the current stacks alone hold more than 2^17 frames (an ambiguous grammar
+ * whose every stack grows with each byte): from then on the matcher accepts
+ * nothing, allows no byte, and every mask is empty and cut. */
 bool grammar_is_cut_dead(const struct grammar *gm);
 
 #endif // ENGINE_GRAMMAR_H

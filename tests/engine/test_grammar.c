@@ -556,6 +556,61 @@ static void test_grammar_ambiguous_masks_are_bounded_and_sound(void **state) {
     tokenizer_free(t);
 }
 
+/* An ambiguous grammar whose stacks all grow with every byte (the grammar
+ * fuzz target's slow input, docs/reliability.md): before, once the frames
+ * of the current stacks passed the matcher's 2^18-node cap, every byte
+ * copied them all again (a tenth of a second a byte, 12 s for this drive).
+ * Oracle, derived by hand from the grammar: after n 'a's there are 2^n
+ * stacks (each 'a' opens a p whose end is "b" or "c"), and each '(' puts one
+ * more frame (the ")" to come) on every one of them, so after 12 'a's and k
+ * '(' the stacks hold over 4096 k frames: past 2^17 (the bound a compaction
+ * may keep) by k = 32, below it up to k = 16. So: the first 12 + 16 bytes
+ * are accepted; then the matcher may stop following, and once it does it
+ * accepts nothing, allows no byte and gives cut, empty masks; it never
+ * holds more than 2^18 nodes plus one byte's growth; and it compacts a
+ * handful of times (each compaction keeps at most 2^17 nodes, and the next
+ * one waits until 2^17 more are made), not once a byte. A deep nesting with
+ * a single stack is followed to the end. */
+static void test_grammar_growing_stacks_are_bounded(void **state) {
+    (void)state;
+    struct tokenizer *t = syn_tokenizer();
+    struct grammar_vocab *v = grammar_vocab_create(t);
+    uint64_t m[(N_VOCAB + 63) / 64];
+    struct grammar *gm = make("root ::= p\n"
+                              "p ::= \"a\" p \"b\" | \"a\" p \"c\" | q\n"
+                              "q ::= \"(\" q \")\" | \"x\"\n");
+    int i_stop = -1;  // the first byte refused
+    for (int i = 0; i < 12 + 300; i++) {
+        const uint8_t c = i < 12 ? 'a' : '(';
+        const bool allowed = grammar_allows_byte(gm, c);
+        const enum grammar_step st = grammar_accept_bytes(gm, &c, 1);
+        assert_int_equal(st != GRAMMAR_STEP_REJECT, allowed);
+        assert_true(grammar_n_nodes(gm) <= 3 << 17);
+        if (st == GRAMMAR_STEP_REJECT && i_stop < 0) i_stop = i;
+        if (i_stop >= 0) assert_int_equal(st, GRAMMAR_STEP_REJECT);  // stopped for good
+    }
+    print_message("stopped following at byte %d, %lld compactions\n", i_stop,
+                  (long long)grammar_n_compactions(gm));
+    assert_true(i_stop < 0 || i_stop >= 12 + 16);
+    assert_true(grammar_n_compactions(gm) <= 4);  // before: about 250
+    if (i_stop >= 0) {
+        assert_false(grammar_allows_byte(gm, 'x'));
+        assert_int_equal(grammar_mask(gm, v, m), 0);
+        assert_true(grammar_is_cut_dead(gm));  // not a dead end: the caller says so
+        assert_int_equal(grammar_accept_token(gm, v, 2), GRAMMAR_STEP_REJECT);
+    }
+    grammar_free(gm);
+
+    gm = make("root ::= q\nq ::= \"(\" q \")\" | \"x\"\n");  // one stack, 20000 frames deep
+    for (int i = 0; i < 20000; i++) assert_int_equal(grammar_accept_bytes(gm, "(", 1), GRAMMAR_STEP_OK);
+    assert_int_equal(grammar_accept_bytes(gm, "x", 1), GRAMMAR_STEP_OK);
+    for (int i = 0; i < 19999; i++) assert_int_equal(grammar_accept_bytes(gm, ")", 1), GRAMMAR_STEP_OK);
+    assert_int_equal(grammar_accept_bytes(gm, ")", 1), GRAMMAR_STEP_DONE);
+    grammar_free(gm);
+    grammar_vocab_free(v);
+    tokenizer_free(t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_grammar_recogniser_oracle_is_sound),
@@ -565,6 +620,7 @@ int main(void) {
         cmocka_unit_test(test_grammar_mask_matches_brute_force_stories),
         cmocka_unit_test(test_grammar_compaction_keeps_language),
         cmocka_unit_test(test_grammar_ambiguous_masks_are_bounded_and_sound),
+        cmocka_unit_test(test_grammar_growing_stacks_are_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
