@@ -34,7 +34,7 @@ const struct setting setting_table[] = {
     {"ctx", 'c', "ctx", SETTING_KIND_I32, OFF(n_ctx), 0, 1 << 24, "N",
      "most tokens (prompt + generated) of one request; 0 = the model's context_length"},
     {"kv-memory", 0, "kv_memory", SETTING_KIND_SIZE, OFF(kv_bytes), 1024 * 1024, 1024 * GIB,
-     "SIZE", "memory for the KV cache, e.g. 512M, 4G"},
+     "SIZE", "memory for the KV cache (a --draft-model's included), e.g. 512M, 4G"},
     {"block-size", 0, "block_size", SETTING_KIND_I32, OFF(block_size), 1, 1024, "N",
      "tokens per KV block"},
     // The names are engine_kv_type_parse()'s: config/ may not include engine.h.

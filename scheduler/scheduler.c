@@ -831,32 +831,45 @@ bool scheduler_is_alive(struct scheduler *s) {
 
 /* ---- lifecycle ---- */
 
-static int32_t pool_blocks(const struct engine_model *model, const struct scheduler_params *p) {
+/* The draft model's pool: draft_kv_blocks, else room for
+ * SCHEDULER_DRAFT_MAX_DECODES whole sequences of n_ctx tokens (n_ctx 0:
+ * unknown before the model's pool is sized; then half the budget), out of
+ * kv_memory_mib, of which it takes at most half. */
+static int32_t draft_pool_blocks(const struct scheduler_params *p, int32_t n_ctx) {
+    if (p->draft_kv_blocks > 0) return p->draft_kv_blocks;
+    size_t bb = engine_kv_block_bytes(p->draft_model, p->block_size, p->kv_type);
+    int64_t most = bb ? (int64_t)((((size_t)p->kv_memory_mib << 20) / 2) / bb) : 0;
+    int64_t n = n_ctx > 0 ? (int64_t)SCHEDULER_DRAFT_MAX_DECODES *
+                                block_table_blocks_for(n_ctx, p->block_size)
+                          : most;
+    if (n > most) n = most;
+    if (n > (1 << 24)) n = 1 << 24;
+    return (int32_t)n + 1;  // + the null block
+}
+
+/* The model's pool: kv_blocks, else kv_memory_mib less what the draft
+ * model's pool of draft_blocks takes of it (0: no draft model, or a pool
+ * given in blocks). */
+static int32_t pool_blocks(const struct engine_model *model, const struct scheduler_params *p,
+                           int32_t draft_blocks) {
     if (p->kv_blocks > 0) return p->kv_blocks;
     size_t bb = engine_kv_block_bytes(model, p->block_size, p->kv_type);
     if (bb == 0) return 0;
-    size_t n = ((size_t)p->kv_memory_mib << 20) / bb;
+    size_t budget = (size_t)p->kv_memory_mib << 20;
+    if (draft_blocks > 1) {
+        size_t taken = (size_t)(draft_blocks - 1) *
+                       engine_kv_block_bytes(p->draft_model, p->block_size, p->kv_type);
+        budget = taken < budget ? budget - taken : 0;
+    }
+    size_t n = budget / bb;
     if (n > (1u << 24)) n = 1u << 24;
     return (int32_t)n + 1;  // + the null block
 }
 
-/* The draft model's pool: draft_kv_blocks, else room for
- * SCHEDULER_DRAFT_MAX_DECODES whole sequences within kv_memory_mib. */
-static int32_t draft_pool_blocks(const struct scheduler *s) {
-    const struct scheduler_params *p = &s->p;
-    if (p->draft_kv_blocks > 0) return p->draft_kv_blocks;
-    int64_t n = (int64_t)SCHEDULER_DRAFT_MAX_DECODES * block_table_blocks_for(s->n_ctx, p->block_size);
-    size_t bb = engine_kv_block_bytes(p->draft_model, p->block_size, p->kv_type);
-    int64_t most = bb ? (int64_t)(((size_t)p->kv_memory_mib << 20) / bb) : 0;
-    if (n > most) n = most;
-    if (n > (1 << 24)) n = 1 << 24;
-    return (int32_t)n + 1;
-}
-
-static int create_drafter(struct scheduler *s) {
+static int create_drafter(struct scheduler *s, int32_t n_draft_blocks) {
     struct drafter_params dp = {
         .block_size = s->p.block_size,
-        .n_blocks = draft_pool_blocks(s),
+        .n_blocks = n_draft_blocks,
         .max_seqs = SCHEDULER_DRAFT_MAX_DECODES,
         .max_batch_tokens = s->p.max_batch_tokens,
         .n_vocab = s->n_vocab,
@@ -899,7 +912,15 @@ int scheduler_create(const struct engine_model *model, const struct scheduler_pa
                   p->draft_model && p->comm ? " (not with a comm)" : "");
         return ERR_INVAL;
     }
-    int32_t n_blocks = pool_blocks(model, p);
+    // A draft model's pool comes out of the same KV budget (unless either pool is
+    // given in blocks), sized first: it needs the context, known here unless
+    // neither --ctx nor the model gives one.
+    int32_t n_draft_blocks = 0;
+    if (p->draft_model) {
+        const struct engine_model_info *mi = engine_model_get_info(model);
+        n_draft_blocks = draft_pool_blocks(p, p->n_ctx > 0 ? p->n_ctx : mi->n_ctx_train);
+    }
+    int32_t n_blocks = pool_blocks(model, p, p->draft_kv_blocks > 0 ? 0 : n_draft_blocks);
     if (n_blocks < 2) {
         LOG_ERROR("%s: a KV budget of %d MiB holds no block of %zu bytes", __func__,
                   (int)p->kv_memory_mib, engine_kv_block_bytes(model, p->block_size, p->kv_type));
@@ -943,7 +964,7 @@ int scheduler_create(const struct engine_model *model, const struct scheduler_pa
     err = block_alloc_create(n_blocks, p->block_size, &s->alloc);
     if (err) goto fail;
     if (p->draft_model) {
-        err = create_drafter(s);
+        err = create_drafter(s, n_draft_blocks);
         if (err) goto fail;
     }
     err = ERR_NOMEM;

@@ -33,7 +33,8 @@
 struct scheduler_params {
     int32_t block_size;         // tokens per KV block (16)
     int32_t kv_blocks;          // KV blocks in the pool incl. the null block; 0: from kv_memory_mib
-    int32_t kv_memory_mib;      // KV budget in MiB when kv_blocks is 0 (default 256)
+    int32_t kv_memory_mib;      // KV budget in MiB (default 256): the pool when kv_blocks is 0,
+                                //    a draft model's pool included
     int32_t max_seqs;           // running sequences at most (64)
     int32_t max_batch_tokens;   // tokens per step: the token budget (2048)
     int32_t prefill_chunk;      // prefill tokens of a step beside decodes (plan.c; 256), 0: no limit
@@ -57,7 +58,8 @@ struct scheduler_params {
                                 //    SCHEDULER_DRAFT_N_WITH_MODEL
     int32_t draft_kv_blocks;    // the draft model's KV pool incl. the null block; 0: room for
                                 //    SCHEDULER_DRAFT_MAX_DECODES sequences of n_ctx tokens,
-                                //    at most kv_memory_mib of the draft model's KV
+                                //    at most half of kv_memory_mib, taken out of the budget
+                                //    (the model's pool has the rest unless kv_blocks is set)
     struct comm *comm;          // tensor parallelism: the job's ranks (engine_ctx_params.comm;
                                 //   borrowed, outlives the scheduler); NULL: none
 };

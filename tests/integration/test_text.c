@@ -286,13 +286,17 @@ static void test_text_completions_plain_and_streamed(void **state) {
 
 /* A server drafting with a draft model (--draft-model: stories260K for
  * itself) gives the same text, plain and streamed; drafting for itself at
- * temperature 0, every draft is accepted (/metrics). */
+ * temperature 0, every draft is accepted (/metrics). Both pools fit in
+ * --kv-memory 1M together. Hand-derived: a block of stories260K's f16 KV is
+ * 16 tokens x 5 layers x (K, V) x 4 KV heads x 8 dims x 2 bytes = 10 KiB, so
+ * 1 MiB holds 102 blocks; the draft pool would want 4 streams of the
+ * context (4 x 2048 / 16 = 512 blocks) and gets half the budget, 51. */
 static void test_text_draft_model_changes_no_text(void **state) {
     (void)state;
     shared_or_skip();
     struct httptest_server s2;
     char flags[4096];
-    snprintf(flags, sizeof(flags), "--draft-model %s --draft-n 4", model_path());
+    snprintf(flags, sizeof(flags), "--draft-model %s --draft-n 4 --kv-memory 1M", model_path());
     httptest_start(&s2, model_path(), flags);
     for (size_t k = 0; k < sizeof(k_cases) / sizeof(k_cases[0]); k++) {
         const struct text_case *c = &k_cases[k];
@@ -324,7 +328,12 @@ static void test_text_draft_model_changes_no_text(void **state) {
     print_message("draft model: %.0f of %.0f draft tokens accepted\n", accepted, drafted);
     assert_true(drafted > 0);
     assert_true(accepted == drafted);
-    assert_true(httptest_metric(m.body, "llmserve_draft_kv_blocks_total") > 0);
+    double kv_total = httptest_metric(m.body, "llmserve_kv_blocks_total");
+    double draft_total = httptest_metric(m.body, "llmserve_draft_kv_blocks_total");
+    print_message("--kv-memory 1M: %.0f blocks for the model, %.0f for the draft\n", kv_total,
+                  draft_total);
+    assert_true(draft_total == 51);
+    assert_true(kv_total + draft_total <= 102);
     assert_true(httptest_metric(m.body, "llmserve_draft_kv_blocks_used") == 0);
     httptest_resp_free(&m);
     httptest_stop(&s2, SIGTERM);
