@@ -16,7 +16,9 @@
 #define LOG_TAG "drafter"
 #include "scheduler/drafter.h"
 
+#include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "engine/base/alloc.h"
 #include "engine/base/clock.h"
@@ -43,6 +45,7 @@ struct drafter {
     int32_t *b_job;                    // owned; [max_seqs] the job of batch sequence i
     int32_t *b_row;                    // owned; [max_seqs] its logits row, -1: none
     double pass_ns;                    // moving average of a drafting pass's time, 0: none yet
+    float *row;                        // owned; [p.n_vocab] a draft row in the model's ids
 };
 
 int drafter_create(const struct engine_model *draft, const struct drafter_params *p,
@@ -83,8 +86,9 @@ int drafter_create(const struct engine_model *draft, const struct drafter_params
         d->b_seqs = calloc((size_t)max_seqs, sizeof(*d->b_seqs));
         d->b_job = calloc((size_t)max_seqs, sizeof(*d->b_job));
         d->b_row = calloc((size_t)max_seqs, sizeof(*d->b_row));
+        d->row = malloc((size_t)p->n_vocab * sizeof(*d->row));
         if (!d->b_token || !d->b_pos || !d->b_seq || !d->b_output || !d->b_seqs || !d->b_job ||
-            !d->b_row)
+            !d->b_row || !d->row)
             err = ERR_NOMEM;
     }
     if (err) {
@@ -106,6 +110,7 @@ void drafter_free(struct drafter *d) {
     free(d->b_seqs);
     free(d->b_job);
     free(d->b_row);
+    free(d->row);
     free(d);
 }
 
@@ -141,10 +146,17 @@ static bool reserve(struct drafter *d, struct seq *sq, int32_t n_tokens,
     return r == BLOCK_RESERVE_OK;
 }
 
-/* The draft's greedy token of logits row `row`, among the ids both
- * vocabularies have. */
-static int32_t draft_token(const struct drafter *d, const float *logits, int32_t row) {
-    return sampler_argmax(logits + (size_t)row * (size_t)d->n_vocab_draft, d->n_vocab_both);
+/* The job's next draft token from logits row `row`, among the ids both
+ * vocabularies have: greedy, or drawn from the sequence's sampling
+ * distribution over the row (written to the job's q). */
+static int32_t draft_token(struct drafter *d, const struct drafter_job *job, const float *logits,
+                           int32_t row) {
+    const float *x = logits + (size_t)row * (size_t)d->n_vocab_draft;
+    if (!job->q) return sampler_argmax(x, d->n_vocab_both);
+    memcpy(d->row, x, (size_t)d->n_vocab_both * sizeof(*d->row));
+    for (int32_t i = d->n_vocab_both; i < d->p.n_vocab; i++) d->row[i] = -INFINITY;
+    return sampler_draft(job->sq->sampler, d->p.scratch, d->row,
+                         job->q + (size_t)job->k * (size_t)d->p.n_vocab);
 }
 
 /* Adds token at pos of batch sequence bi to the batch. An id the draft's
@@ -211,7 +223,8 @@ static int feed(struct drafter *d, struct drafter_job *jobs, int32_t n_jobs) {
         for (int32_t bi = 0; bi < n_seqs; bi++) {
             if (d->b_row[bi] < 0) continue;
             struct drafter_job *job = &jobs[d->b_job[bi]];
-            job->out[0] = draft_token(d, logits, d->b_row[bi]);
+            job->k = 0;
+            job->out[0] = draft_token(d, job, logits, d->b_row[bi]);
             job->k = 1;
         }
     }
@@ -252,7 +265,8 @@ int drafter_propose(struct drafter *d, struct drafter_job *jobs, int32_t n,
         d->pass_ns = d->pass_ns == 0.0 ? ns : d->pass_ns + 0.1 * (ns - d->pass_ns);
         for (int32_t bi = 0; bi < n_seqs; bi++) {
             struct drafter_job *job = &jobs[d->b_job[bi]];
-            job->out[job->k++] = draft_token(d, logits, bi);
+            const int32_t t = draft_token(d, job, logits, bi);
+            job->out[job->k++] = t;
         }
     }
     if (err) {

@@ -12,9 +12,12 @@
  * valid across steps, rejections (cut back) and preemptions of the big
  * model's blocks. Each proposal first feeds the tokens the draft has not
  * seen (the prompt, the first time; afterwards the one to few tokens the
- * last step accepted), then drafts. The greedy choice makes the draft a
- * point mass, so verifying by sampling the big model and comparing is the
- * standard rejection rule: the tokens are exactly those without a draft.
+ * last step accepted), then drafts. A greedy draft is a point mass, so
+ * verifying by sampling the big model and comparing is the standard
+ * rejection rule: the tokens are exactly those without a draft. A sampled
+ * draft (a job with q: a sequence that samples without a seed) is drawn
+ * from the sequence's own sampling pipeline over the draft's logits, and
+ * the scheduler verifies it with sampler_sample_draft() against that q.
  * When the pool is short, the draft KV of sequences not drafting in this
  * step is released (they feed their tokens again when they next draft).
  *
@@ -41,6 +44,7 @@ struct drafter_params {
     int32_t n_vocab;            // the big model's: drafts are ids below it (and the draft's)
     enum engine_kv_type kv_type;
     struct engine_ctx *pool_of; // the big model's ctx, whose worker pool the draft borrows
+    struct sampler_scratch *scratch;  // the caller's, for sampled drafts (jobs with q)
 };
 
 /* One sequence's part of a proposal: the caller sets sq and room (>= 1, the
@@ -52,6 +56,9 @@ struct drafter_job {
     struct seq *sq;
     int32_t room;
     int32_t *out;
+    float *q;       // NULL: greedy drafts; else [room][n_vocab]: draft token i is drawn
+                    //    with sq's sampler from the distribution written to q[i]
+                    //    (sampler_draft: the sequence's pipeline over the draft's row)
     int32_t k;
     int32_t n_fed;
 };

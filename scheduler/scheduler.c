@@ -64,6 +64,9 @@ struct scheduler {
     int32_t *drafts;                    // owned; [max_seqs * SCHEDULER_MAX_DRAFT] those tokens
     struct drafter *drafter;            // owned; NULL: prompt-lookup drafts
     struct drafter_job *jobs;           // owned; [SCHEDULER_DRAFT_MAX_DECODES] with a drafter
+    float *draft_q;                     // owned; [SCHEDULER_DRAFT_MAX_DECODES][draft_n][n_vocab]
+                                        //    the distributions sampled drafts came from
+    const float **draft_q_of;           // owned; [max_seqs] plan.seqs[i]'s, NULL: none
     int32_t *job_of;                    // owned; [SCHEDULER_DRAFT_MAX_DECODES] plan index of jobs[j]
     int32_t max_outputs;                // logits rows of the ctx
     double draft_ns_on, draft_ns_off;   // EMA of ns per emitted token of decode-only steps
@@ -295,9 +298,17 @@ static void grammar_stop(struct scheduler *s, struct seq *sq) {
     finish_seq(s, sq, 0);
 }
 
-/* Samples the row of sq, appends, emits; finishes (and frees) sq if it
- * stopped. Returns true while sq runs on. */
-static bool emit_token(struct scheduler *s, struct seq *sq, const float *row, int64_t now_ns) {
+/* A sampled draft token and the distribution it came from (q NULL: none). */
+struct draft_pick {
+    int32_t token;
+    const float *q;
+};
+
+/* Samples the row of sq (by the rejection rule against dp's sampled draft,
+ * if any), appends, emits; finishes (and frees) sq if it stopped. Returns
+ * true while sq runs on. */
+static bool emit_token(struct scheduler *s, struct seq *sq, const float *row,
+                       struct draft_pick dp, int64_t now_ns) {
     struct sampler_result res;
     bool want_lp = sq->n_logprobs >= 0;  // filling res costs a pass over the row
     bool is_dead = false;
@@ -320,8 +331,10 @@ static bool emit_token(struct scheduler *s, struct seq *sq, const float *row, in
         grammar_stop(s, sq);
         return false;
     }
-    int32_t token = sampler_sample_allowed(sq->sampler, s->scratch, row, allow,
-                                           want_lp ? &res : NULL);
+    int32_t token = dp.q ? sampler_sample_draft(sq->sampler, s->scratch, row, allow, dp.token,
+                                                dp.q, want_lp ? &res : NULL)
+                         : sampler_sample_allowed(sq->sampler, s->scratch, row, allow,
+                                                  want_lp ? &res : NULL);
     enum grammar_step gst = GRAMMAR_STEP_OK;
     if (seq_is_constrained(sq)) {
         gst = grammar_accept_token(sq->grammar, s->gvocab, token);
@@ -368,6 +381,12 @@ static bool emit_token(struct scheduler *s, struct seq *sq, const float *row, in
  * next token. So the tokens are exactly those of decoding one at a time
  * (the same rows, the same sampler draws in the same order): a point-mass
  * draft accepted when the sample equals it is the standard rejection rule.
+ * A draft model's drafts for a sequence that samples without a seed are
+ * sampled instead, from the draft's distribution q under the sequence's own
+ * sampling pipeline, and verified by the general rule (keep with
+ * min(1, p/q), else draw from max(0, p - q)): the tokens are distributed as
+ * without drafts (not the same draws), and a draft close to the model is
+ * kept far more often than its greedy token would be.
  * Rejected tokens' K/V is left behind n_computed (overwritten later) and
  * their blocks are released: nothing is copied. Only steps with at most
  * SCHEDULER_DRAFT_MAX_DECODES decoders draft: at batch 1 a step reads every
@@ -463,6 +482,7 @@ static void propose_drafts(struct scheduler *s, int32_t *n_tokens, int32_t *n_ro
     int32_t n_decodes = 0;
     for (int32_t i = 0; i < plan->n_seqs; i++) {
         s->n_draft[i] = 0;
+        s->draft_q_of[i] = NULL;
         const struct seq *sq = plan->seqs[i];
         n_decodes += plan->n_new[i] == 1 && sq->n_computed == sq->n_tokens - 1;
     }
@@ -496,7 +516,14 @@ static void propose_drafts(struct scheduler *s, int32_t *n_tokens, int32_t *n_ro
             sq->draft_hits = sq->draft_trials = 0.0f;
             continue;
         }
-        s->jobs[n_jobs] = (struct drafter_job){.sq = sq, .room = room, .out = d};
+        // A sequence that samples without a seed drafts by sampling, verified by the
+        // rejection rule against the draft's distribution (sampler.h): more of its
+        // drafts are kept than of greedy ones. Greedy and seeded sequences draft
+        // greedily: their tokens stay exactly those without drafts.
+        float *q = sampler_is_deterministic(sq->sampler)
+                       ? NULL
+                       : s->draft_q + (size_t)n_jobs * (size_t)s->p.draft_n * (size_t)s->n_vocab;
+        s->jobs[n_jobs] = (struct drafter_job){.sq = sq, .room = room, .out = d, .q = q};
         s->job_of[n_jobs++] = i;
         n_room += room;
     }
@@ -505,27 +532,40 @@ static void propose_drafts(struct scheduler *s, int32_t *n_tokens, int32_t *n_ro
     if (drafter_propose(s->drafter, s->jobs, n_jobs, queues, 2) != 0) return;
     for (int32_t j = 0; j < n_jobs; j++) {
         take_draft(s, s->job_of[j], s->jobs[j].k, n_tokens, n_rows);
+        s->draft_q_of[s->job_of[j]] = s->jobs[j].q;
         // Catching the draft model up (a prompt, or the steps it sat out) is not
         // what a step with drafts costs: such a step is not timed.
         if (s->jobs[j].n_fed > 2) s->is_timed = false;
     }
 }
 
+/* The draft of row j of a verification (d [k], q: the distributions of a
+ * sampled draft, or NULL): none past the draft's end. */
+static struct draft_pick pick(const int32_t *d, int32_t k, const float *q, int32_t j,
+                              size_t nv) {
+    if (j >= k || !q) return (struct draft_pick){.token = -1, .q = NULL};
+    return (struct draft_pick){.token = d[j], .q = q + (size_t)j * nv};
+}
+
 /* After the forward pass: sq's rows row .. row + k (k = its draft tokens
  * d). Emits row's token, then each next row's while the last emitted token
- * equals its draft token. Returns false if sq finished (it is freed). */
+ * equals its draft token. A sampled draft (q: [k][n_vocab], the draft's
+ * distributions) is kept or replaced by the rejection rule (sampler.h);
+ * a greedy one is kept when the model's own sample equals it, the same rule
+ * for a point mass. Returns false if sq finished (it is freed). */
 static bool verify(struct scheduler *s, struct seq *sq, const float *logits, int32_t row,
-                   const int32_t *d, int32_t k, int64_t now_ns) {
+                   const int32_t *d, int32_t k, const float *q, int64_t now_ns) {
     const size_t nv = (size_t)s->n_vocab;
     const int32_t n_before = sq->n_tokens;
-    if (!emit_token(s, sq, logits + (size_t)row * nv, now_ns)) return false;
+    if (!emit_token(s, sq, logits + (size_t)row * nv, pick(d, k, q, 0, nv), now_ns)) return false;
     if (k == 0) return true;
     int32_t n_ok = 0;
     bool is_running = true;
     while (n_ok < k && s->emitted == d[n_ok]) {
         n_ok++;
         sq->n_computed++;  // d[n_ok - 1]'s K/V, written by this step, is the token's
-        if (!emit_token(s, sq, logits + (size_t)(row + n_ok) * nv, now_ns)) {
+        if (!emit_token(s, sq, logits + (size_t)(row + n_ok) * nv, pick(d, k, q, n_ok, nv),
+                        now_ns)) {
             is_running = false;
             break;
         }
@@ -697,7 +737,7 @@ int32_t scheduler_step(struct scheduler *s) {
         if (s->p.enable_prefix_cache) seq_publish_blocks(sq, s->alloc);
         if (s->row_of[i] >= 0)
             verify(s, sq, logits, s->row_of[i], s->drafts + (size_t)i * SCHEDULER_MAX_DRAFT,
-                   s->n_draft[i], now_ns);
+                   s->n_draft[i], s->draft_q_of[i], now_ns);
     }
     if (is_timed)
         draft_observe(s, clock_mono_ns() - t_draft_ns,
@@ -875,6 +915,7 @@ static int create_drafter(struct scheduler *s, int32_t n_draft_blocks) {
         .n_vocab = s->n_vocab,
         .kv_type = s->p.kv_type,
         .pool_of = s->ctx,
+        .scratch = s->scratch,
     };
     if (dp.n_blocks < 2) {
         LOG_ERROR("%s: a KV budget of %d MiB holds no block of the draft model", __func__,
@@ -885,7 +926,9 @@ static int create_drafter(struct scheduler *s, int32_t n_draft_blocks) {
     if (err) return err;
     s->jobs = calloc(SCHEDULER_DRAFT_MAX_DECODES, sizeof(*s->jobs));
     s->job_of = calloc(SCHEDULER_DRAFT_MAX_DECODES, sizeof(*s->job_of));
-    if (!s->jobs || !s->job_of) return ERR_NOMEM;
+    s->draft_q = malloc((size_t)SCHEDULER_DRAFT_MAX_DECODES * (size_t)s->p.draft_n *
+                        (size_t)s->n_vocab * sizeof(*s->draft_q));
+    if (!s->jobs || !s->job_of || !s->draft_q) return ERR_NOMEM;
     LOG_INFO("draft model: kv_blocks=%d kv_mib=%.1f draft_n=%d", (int)(dp.n_blocks - 1),
              (double)engine_kv_block_bytes(s->p.draft_model, dp.block_size, dp.kv_type) *
                  (dp.n_blocks - 1) / 1048576.0,
@@ -963,6 +1006,9 @@ int scheduler_create(const struct engine_model *model, const struct scheduler_pa
     if (err) goto fail;
     err = block_alloc_create(n_blocks, p->block_size, &s->alloc);
     if (err) goto fail;
+    err = ERR_NOMEM;
+    s->scratch = sampler_scratch_create(s->n_vocab);
+    if (!s->scratch) goto fail;
     if (p->draft_model) {
         err = create_drafter(s, n_draft_blocks);
         if (err) goto fail;
@@ -979,9 +1025,9 @@ int scheduler_create(const struct engine_model *model, const struct scheduler_pa
     s->n_draft = calloc((size_t)p->max_seqs, sizeof(*s->n_draft));
     s->drafts = calloc((size_t)p->max_seqs * SCHEDULER_MAX_DRAFT, sizeof(*s->drafts));
     s->check_refs = calloc((size_t)n_blocks, sizeof(*s->check_refs));
-    s->scratch = sampler_scratch_create(s->n_vocab);
+    s->draft_q_of = calloc((size_t)p->max_seqs, sizeof(*s->draft_q_of));
     if (!s->b_token || !s->b_pos || !s->b_seq || !s->b_adapter || !s->b_output || !s->b_seqs ||
-        !s->row_of || !s->n_draft || !s->drafts || !s->check_refs || !s->scratch)
+        !s->row_of || !s->n_draft || !s->drafts || !s->check_refs || !s->draft_q_of)
         goto fail;
     step_plan_init(&s->plan, p->max_seqs);
     s->budget.max_batch_tokens = p->max_batch_tokens;
@@ -1070,6 +1116,8 @@ void scheduler_free(struct scheduler *s) {
     free(s->drafts);
     free(s->jobs);
     free(s->job_of);
+    free(s->draft_q);
+    free(s->draft_q_of);
     free(s->check_refs);
     sampler_scratch_free(s->scratch);
     grammar_vocab_free(s->gvocab);

@@ -830,6 +830,78 @@ int32_t sampler_sample_allowed(struct sampler *s, struct sampler_scratch *sc, co
     return token;
 }
 
+/* The probability of token under the distribution build_dist() left in sc. */
+static double dist_prob(const struct sampler *s, const struct sampler_scratch *sc, int32_t token) {
+    switch (sc->dist) {
+    case SAMPLER_DIST_ONE:
+        return token == sc->one ? 1.0 : 0.0;
+    case SAMPLER_DIST_DENSE:
+        return sc->work[token] > 0.0f ? sc->work[token] / sc->z : 0.0;
+    case SAMPLER_DIST_SPARSE:
+        for (int32_t i = 0; i < sc->n_cand; i++)
+            if (sc->cand[i].id == token) return sc->cand[i].v / sc->z;
+        return 0.0;
+    }
+    (void)s;
+    UNREACHABLE();
+}
+
+/* One draw from max(0, p - q), renormalised, with p the distribution in sc;
+ * -1 when that has no mass (p <= q everywhere, up to rounding). */
+static int32_t draw_residual(struct sampler *s, const struct sampler_scratch *sc, const float *q) {
+    double total = 0.0;
+    int32_t n = sc->dist == SAMPLER_DIST_SPARSE ? sc->n_cand : s->n_vocab;
+    if (sc->dist == SAMPLER_DIST_ONE) return q[sc->one] < 1.0f ? sc->one : -1;
+    for (int32_t pass = 0; pass < 2; pass++) {
+        double u = pass ? rng_uniform(s->rng) * total : 0.0;
+        double cum = 0.0;
+        int32_t last = -1;
+        for (int32_t i = 0; i < n; i++) {
+            int32_t id = sc->dist == SAMPLER_DIST_SPARSE ? sc->cand[i].id : i;
+            double p = sc->dist == SAMPLER_DIST_SPARSE ? sc->cand[i].v / sc->z
+                                                       : sc->work[i] / sc->z;
+            double r = p - (double)q[id];
+            if (r <= 0.0) continue;
+            cum += r;
+            last = id;
+            if (pass && cum > u) return id;
+        }
+        if (pass) return last;  // rounding left u at the very end
+        total = cum;
+        if (total <= 0.0) return -1;
+    }
+    UNREACHABLE();
+}
+
+int32_t sampler_draft(struct sampler *s, struct sampler_scratch *sc, const float *logits,
+                      float *q) {
+    sampler_probs_allowed(s, sc, logits, NULL, q);
+    return draw(s, sc);
+}
+
+int32_t sampler_sample_draft(struct sampler *s, struct sampler_scratch *sc, const float *logits,
+                             const uint64_t *allow, int32_t draft, const float *q,
+                             struct sampler_result *out) {
+    build_dist(s, sc, logits, allow);
+    // Keep the draft with probability min(1, p / q); else draw from max(0, p - q),
+    // whose mass is the chance of that rejection: together, a draw from p.
+    const double p_d = dist_prob(s, sc, draft);
+    const double q_d = q[draft];
+    int32_t token = draft;
+    if (!(p_d > 0.0 && rng_uniform(s->rng) * q_d < p_d)) {
+        token = draw_residual(s, sc, q);
+        if (token < 0) token = draw(s, sc);  // p = q up to rounding: p itself
+    }
+    if (out) fill_logprobs(s, logits, token, out);
+    sampler_accept(s, token, false);
+    return token;
+}
+
+bool sampler_is_deterministic(const struct sampler *s) {
+    return s->params.has_seed || !(s->params.temperature > 0.0f) ||
+           !isfinite(1.0f / s->params.temperature);
+}
+
 int32_t sampler_probs(struct sampler *s, struct sampler_scratch *sc, const float *logits,
                       float *probs) {
     return sampler_probs_allowed(s, sc, logits, NULL, probs);

@@ -135,6 +135,9 @@ static void check_probs_vs_ref(const struct sampler_params *p, const float *logi
     sampler_free(s);
 }
 
+static void assert_chi2_fits(const int32_t *count, const double *want, int32_t n,
+                             int32_t n_draws);
+
 /* Draws n_draws tokens (the history does not matter without penalties) and
  * checks: nothing outside the support of want, and a chi-square statistic
  * over the support (cells with expectation < 5 pooled) below a loose bound. */
@@ -152,6 +155,17 @@ static void check_draws(const struct sampler_params *p, const float *logits, int
         }
         count[t]++;
     }
+    assert_chi2_fits(count, want, n, n_draws);
+    free(count);
+    sampler_scratch_free(sc);
+    sampler_free(s);
+}
+
+/* A chi-square statistic of counts [n] of n_draws draws against want [n]
+ * over want's support (cells with expectation < 5 pooled) below a loose
+ * bound. */
+static void assert_chi2_fits(const int32_t *count, const double *want, int32_t n,
+                             int32_t n_draws) {
     double chi2 = 0.0;
     double pooled_o = 0.0;
     double pooled_e = 0.0;
@@ -178,9 +192,6 @@ static void check_draws(const struct sampler_params *p, const float *logits, int
         print_message("chi2 %.2f > %.2f (df %.0f)\n", chi2, bound, df);
         fail();
     }
-    free(count);
-    sampler_scratch_free(sc);
-    sampler_free(s);
 }
 
 /* ---- validation --------------------------------------------------------- */
@@ -743,6 +754,107 @@ static void test_sampler_allowed_mask(void **state) {
     sampler_scratch_free(sc);
 }
 
+/* ---- speculative sampling ------------------------------------------------ */
+
+/* The rejection rule: a draft x drawn from q (sampler_draft on a draft
+ * model's logits), then sampler_sample_draft on the model's logits, gives
+ * tokens distributed as the model's own pipeline distribution p, and keeps
+ * the draft with probability sum_i min(p_i, q_i). Oracles: p and q from the
+ * double-precision pipeline above (ref_truncate), a chi-square bound on the
+ * tokens against p, and a binomial bound (5 sd) on the acceptance. Also a
+ * point-mass draft outside p's support (always rejected: the tokens are
+ * still p's) and a mask (p is the masked distribution). */
+static void check_draft_rule(const struct sampler_params *p, const float *lp, const float *lq,
+                             int32_t n, const uint64_t *allow, int32_t n_draws) {
+    struct sampler *s = sampler_create(p, n);
+    struct sampler_scratch *sc = sampler_scratch_create(n);
+    double *adj = malloc((size_t)n * sizeof(*adj));
+    double *want_p = malloc((size_t)n * sizeof(*want_p));
+    double *want_q = malloc((size_t)n * sizeof(*want_q));
+    float *q = malloc((size_t)n * sizeof(*q));
+    int32_t *count = calloc((size_t)n, sizeof(*count));
+    for (int32_t i = 0; i < n; i++)
+        adj[i] = allow && !((allow[i / 64] >> (i % 64)) & 1) ? -INFINITY : lp[i];
+    ref_truncate(adj, n, p, want_p);
+    for (int32_t i = 0; i < n; i++) adj[i] = lq[i];
+    ref_truncate(adj, n, p, want_q);
+    double overlap = 0.0;
+    for (int32_t i = 0; i < n; i++) overlap += want_p[i] < want_q[i] ? want_p[i] : want_q[i];
+    int32_t n_kept = 0;
+    for (int32_t d = 0; d < n_draws; d++) {
+        int32_t x = sampler_draft(s, sc, lq, q);
+        if (d == 0) {
+            for (int32_t i = 0; i < n; i++) assert_true(fabs(q[i] - want_q[i]) < 1e-5);
+        }
+        assert_true(want_q[x] > 0.0);
+        int32_t t = sampler_sample_draft(s, sc, lp, allow, x, q, NULL);
+        assert_true(t >= 0 && t < n);
+        assert_true(want_p[t] > 0.0);
+        count[t]++;
+        n_kept += t == x;
+    }
+    assert_chi2_fits(count, want_p, n, n_draws);
+    double rate = (double)n_kept / n_draws;
+    double sd = sqrt(overlap * (1.0 - overlap) / n_draws);
+    print_message("draft kept %.4f, sum min(p, q) %.4f\n", rate, overlap);
+    assert_true(fabs(rate - overlap) <= 5.0 * sd + 1e-9);
+    // A point mass on a token p never draws: always rejected, the tokens still p's.
+    int32_t outside = -1;
+    for (int32_t i = 0; i < n && outside < 0; i++)
+        if (want_p[i] == 0.0) outside = i;
+    if (outside >= 0) {
+        memset(count, 0, (size_t)n * sizeof(*count));
+        for (int32_t i = 0; i < n; i++) q[i] = i == outside ? 1.0f : 0.0f;
+        for (int32_t d = 0; d < n_draws; d++) {
+            int32_t t = sampler_sample_draft(s, sc, lp, allow, outside, q, NULL);
+            assert_int_not_equal(t, outside);
+            count[t]++;
+        }
+        assert_chi2_fits(count, want_p, n, n_draws);
+    }
+    free(count);
+    free(q);
+    free(want_q);
+    free(want_p);
+    free(adj);
+    sampler_scratch_free(sc);
+    sampler_free(s);
+}
+
+static void test_sampler_draft_rule_keeps_the_distribution(void **state) {
+    (void)state;
+    enum { N = 48 };
+    float lp[N], lq[N];
+    fill_logits(lp, N, 101, 1.5);
+    fill_logits(lq, N, 202, 1.5);
+    for (int32_t i = 0; i < N; i++) lq[i] = 0.5f * lq[i] + 0.8f * lp[i];  // a related draft
+    // Seeded so that the test is deterministic; the server drafts this way only for
+    // unseeded sequences, which the rule does not tell apart.
+    struct sampler_params p = seeded(11);
+    check_draft_rule(&p, lp, lq, N, NULL, 100000);      // dense
+    p.temperature = 0.7f;
+    p.top_k = 12;
+    check_draft_rule(&p, lp, lq, N, NULL, 100000);      // sparse: q has mass outside p
+    p.top_k = 0;
+    p.top_p = 0.9f;
+    p.min_p = 0.02f;
+    check_draft_rule(&p, lp, lq, N, NULL, 100000);
+    uint64_t allow[1] = {0x0000f0f0f0f0f0f0ull};  // a grammar's mask: p is masked, q is not
+    p = seeded(12);
+    check_draft_rule(&p, lp, lq, N, allow, 100000);
+    // A draft of the model itself: q = p, so every draft is kept.
+    check_draft_rule(&p, lp, lp, N, NULL, 20000);
+    // Which sequences draft this way: only those without a seed that sample.
+    struct sampler_params cases[3] = {sampler_default_params(), sampler_default_params(),
+                                      seeded(7)};
+    cases[1].temperature = 0.0f;
+    for (int c = 0; c < 3; c++) {
+        struct sampler *sm = sampler_create(&cases[c], N);
+        assert_int_equal(sampler_is_deterministic(sm), c > 0);
+        sampler_free(sm);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sampler_validate_names_the_field),
@@ -759,6 +871,7 @@ int main(void) {
         cmocka_unit_test(test_sampler_logprobs_match_log_softmax),
         cmocka_unit_test(test_sampler_history_invariant),
         cmocka_unit_test(test_sampler_allowed_mask),
+        cmocka_unit_test(test_sampler_draft_rule_keeps_the_distribution),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

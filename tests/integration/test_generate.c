@@ -400,11 +400,13 @@ static const char *spec_prompts(const char *name, int n) {
 }
 
 /* Speculative decoding with a draft model (batch --draft-model): the
- * tokens are exactly those without it, greedy and sampled. stories260K
+ * tokens are exactly those without it, greedy and sampled with a seed. stories260K
  * drafting for itself is right at every greedy draft (its greedy choice is
  * what it then says: all accepted); its Q8_0 copy (llmserve quantize) and
  * a tiny draft pool that evicts change no token; a draft model of another
- * vocabulary (a synthetic 300-token one) is refused by name. */
+ * vocabulary (a synthetic 300-token one) is refused by name. Sampled
+ * without a seed, drafts are sampled and kept by the general rule: all of
+ * them, drafting for itself. */
 static void test_batch_draft_model_exact(void **state) {
     (void)state;
     const char *shared = shared_or_skip();
@@ -470,6 +472,46 @@ static void test_batch_draft_model_exact(void **state) {
     assert_int_equal(run(cmd, out, sizeof(out)), 1);
     assert_non_null(strstr(out, "(300 and 300 tokens; id 297 is"));
     assert_non_null(strstr(out, "and '<tool_call>' in the draft"));
+
+    // Sampling without a seed drafts by sampling (the rejection rule against the
+    // draft's distribution q): drafting for itself, q is the model's own p, so every
+    // draft is kept (p / q = 1); with a seed, drafts stay greedy and are kept only
+    // where the sample is the top token. No token oracle without a seed: each
+    // line must still give 1..max_tokens tokens.
+    static const char *const unseeded[] = {
+        "{\"prompt\": \"Tom had a red ball. Tom had a red\", \"max_tokens\": 60, "
+        "\"temperature\": 0.8}",
+        "{\"prompt\": \"The cat sat on the mat. The cat\", \"max_tokens\": 40, "
+        "\"temperature\": 1.0, \"top_k\": 20}",
+        "{\"prompt\": \"Once upon a time\", \"max_tokens\": 60, \"top_p\": 0.9}",
+    };
+    const int max_tokens[] = {60, 40, 60};
+    for (int seeded = 0; seeded < 2; seeded++) {
+        const char *path = testutil_path(testutil_build_dir(), "tests/spec-unseeded.jsonl");
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        for (int i = 0; i < 3; i++) {
+            const size_t n = strlen(unseeded[i]);
+            fprintf(f, "%.*s%s}\n", (int)(n - 1), unseeded[i], seeded ? ", \"seed\": 5" : "");
+        }
+        fclose(f);
+        accepted = spec_run_drafted(m, path, flags, got, &drafted);
+        print_message("self-draft, sampled, %s: %lld of %lld accepted\n",
+                      seeded ? "seeded (greedy drafts)" : "unseeded (sampled drafts)", accepted,
+                      drafted);
+        assert_true(drafted > 20);
+        if (seeded) {
+            assert_true(accepted < drafted);
+        } else {
+            assert_int_equal(accepted, drafted);
+        }
+        for (int i = 0; i < 3; i++) {
+            assert_true(json_is_array(got[i]));
+            assert_true(json_array_size(got[i]) >= 1 &&
+                        json_array_size(got[i]) <= (size_t)max_tokens[i]);
+            json_decref(got[i]);
+        }
+    }
     remove(q8);
 }
 

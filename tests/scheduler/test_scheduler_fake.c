@@ -14,6 +14,10 @@
  * identical to the model is always right at temperature 0 (every draft
  * accepted), one of another vocabulary size mostly wrong; the draft pool,
  * when tiny, is shared by releasing other sequences' draft KV, and none leaks.
+ * Unseeded sampled requests draft by sampling (the rejection rule against
+ * the draft's distribution): with the identical draft model q is p, so every
+ * draft is kept (p / q = 1), where greedy drafts of the same requests are
+ * kept only when the sample happens to be the draft's top token.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -39,6 +43,7 @@ struct req_spec {
     int32_t max_tokens;
     float temperature;
     uint64_t seed;
+    bool is_unseeded;  // sampled from the OS's entropy: no token oracle
     bool ignore_eos;
     int32_t arrival_step;
 };
@@ -80,7 +85,7 @@ static int submit(struct scheduler *s, const struct req_spec *r, uint64_t *id, s
     q.max_tokens = r->max_tokens;
     q.sampling.temperature = r->temperature;
     q.sampling.seed = r->seed;
-    q.sampling.has_seed = true;
+    q.sampling.has_seed = !r->is_unseeded;
     q.ignore_eos = r->ignore_eos;
     return scheduler_submit(s, &q, id, c);
 }
@@ -451,6 +456,33 @@ static void check_draft(uint64_t seed, const struct engine_model *m, const struc
     assert_int_equal(fake_engine_n_errors(draft), 0);
 }
 
+/* The requests of check_config sampled without a seed at temperature 0.8,
+ * drafted for by draft: no token oracle, so each request must end as asked
+ * (max_tokens reached, or eos where eos is allowed) with nothing leaked. */
+static void check_draft_unseeded(uint64_t seed, const struct engine_model *m,
+                                 const struct engine_model *draft, struct scheduler_stats *st) {
+    struct req_spec reqs[40];
+    struct result got[40];
+    make_reqs(seed, reqs, 40, 30);
+    for (int i = 0; i < 40; i++) reqs[i].temperature = 0.8f, reqs[i].is_unseeded = true;
+    struct scheduler_params p = params(512, 512, true);
+    p.max_seqs = 4;
+    p.draft_model = draft;
+    p.draft_n = 4;
+    p.draft_always = true;
+    run(m, &p, reqs, 40, got, st);
+    for (int i = 0; i < 40; i++) {
+        assert_true(got[i].n_tokens >= 1 && got[i].n_tokens <= reqs[i].max_tokens);
+        if (reqs[i].ignore_eos) assert_int_equal(got[i].n_tokens, reqs[i].max_tokens);
+        // eos may also be the last token allowed: a stop at max_tokens
+        assert_true(got[i].finish == CHANNEL_FINISH_STOP ||
+                    (got[i].finish == CHANNEL_FINISH_LENGTH &&
+                     got[i].n_tokens == reqs[i].max_tokens));
+    }
+    assert_int_equal(st->n_draft_blocks_used, 0);
+    assert_int_equal(fake_engine_n_errors(draft), 0);
+}
+
 static void test_scheduler_fake_draft_model(void **state) {
     (void)state;
     struct engine_model *m = make_model(0);
@@ -475,6 +507,12 @@ static void test_scheduler_fake_draft_model(void **state) {
         // 61 ids of 64: the draft's argmax is the model's about 1 time in 64
         assert_true(st.n_draft_tokens > 100);
         assert_true(st.n_draft_accepted * 8 < st.n_draft_tokens);
+        // Unseeded sampling: sampled drafts of the same model are all kept.
+        check_draft_unseeded(seed, m, same, &st);
+        assert_true(st.n_draft_tokens > 100);
+        assert_int_equal(st.n_draft_accepted, st.n_draft_tokens);
+        check_draft_unseeded(seed, m, other, &st);
+        assert_true(st.n_draft_accepted < st.n_draft_tokens);
     }
     engine_model_free(other);
     engine_model_free(same);
