@@ -41,7 +41,11 @@ static void query_kv(const struct gguf_file *f, const struct gguf_kv *kv) {
     (void)gguf_find(f, key);
     const struct gguf_kv *arr;
     if (gguf_get_arr(f, key, GGUF_TYPE_FLOAT32, &arr) == 0 && arr->arr_n) {
-        sink ^= (uint8_t)gguf_arr_f32(arr, arr->arr_n - 1);
+        // Its bits: converting a float out of uint8_t's range is undefined.
+        const float v = gguf_arr_f32(arr, arr->arr_n - 1);
+        uint32_t bits;
+        memcpy(&bits, &v, sizeof(bits));
+        sink ^= (uint8_t)bits;
     }
     if (gguf_get_arr(f, key, GGUF_TYPE_INT32, &arr) == 0 && arr->arr_n) {
         sink ^= (uint8_t)gguf_arr_i32(arr, arr->arr_n - 1);
