@@ -58,7 +58,9 @@ struct drafter_job {
     int32_t *out;
     float *q;       // NULL: greedy drafts; else [room][n_vocab]: draft token i is drawn
                     //    with sq's sampler from the distribution written to q[i]
-                    //    (sampler_draft: the sequence's pipeline over the draft's row)
+                    //    (sampler_draft: the sequence's pipeline over the draft's row,
+                    //    with its history as of the step: the draft's own earlier
+                    //    tokens are not in it, so penalties lower acceptance)
     int32_t k;
     int32_t n_fed;
 };

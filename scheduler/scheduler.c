@@ -523,13 +523,26 @@ static void propose_drafts(struct scheduler *s, int32_t *n_tokens, int32_t *n_ro
         float *q = sampler_is_deterministic(sq->sampler)
                        ? NULL
                        : s->draft_q + (size_t)n_jobs * (size_t)s->p.draft_n * (size_t)s->n_vocab;
+        // A sampled draft's blocks for the whole room first: whether it is taken
+        // must not depend on what was drawn (one that ends in an end token is
+        // shorter, and taking only the short ones where the pool is short would
+        // tilt the tokens towards the end). The unused ones go back after.
+        if (q && block_table_reserve(&sq->table, s->alloc, sq->n_tokens + room) !=
+                     BLOCK_RESERVE_OK)
+            continue;
         s->jobs[n_jobs] = (struct drafter_job){.sq = sq, .room = room, .out = d, .q = q};
         s->job_of[n_jobs++] = i;
         n_room += room;
     }
     if (n_jobs == 0) return;
     struct seq_queue *queues[2] = {&s->running, &s->waiting};
-    if (drafter_propose(s->drafter, s->jobs, n_jobs, queues, 2) != 0) return;
+    const int err = drafter_propose(s->drafter, s->jobs, n_jobs, queues, 2);
+    for (int32_t j = 0; j < n_jobs; j++) {
+        struct seq *sq = s->jobs[j].sq;
+        if (s->jobs[j].q)  // the blocks reserved for its room beyond what it drafted
+            block_table_truncate(&sq->table, s->alloc, sq->n_tokens + (err ? 0 : s->jobs[j].k));
+    }
+    if (err) return;
     for (int32_t j = 0; j < n_jobs; j++) {
         take_draft(s, s->job_of[j], s->jobs[j].k, n_tokens, n_rows);
         s->draft_q_of[s->job_of[j]] = s->jobs[j].q;

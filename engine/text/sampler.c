@@ -830,24 +830,27 @@ int32_t sampler_sample_allowed(struct sampler *s, struct sampler_scratch *sc, co
     return token;
 }
 
-/* The probability of token under the distribution build_dist() left in sc. */
+/* The probability of token under the distribution build_dist() left in sc,
+ * rounded to float as sampler_probs() writes it, so that a q from
+ * sampler_draft() over the same row compares equal. */
 static double dist_prob(const struct sampler *s, const struct sampler_scratch *sc, int32_t token) {
     switch (sc->dist) {
     case SAMPLER_DIST_ONE:
         return token == sc->one ? 1.0 : 0.0;
     case SAMPLER_DIST_DENSE:
-        return sc->work[token] > 0.0f ? sc->work[token] / sc->z : 0.0;
+        return sc->work[token] > 0.0f ? (float)(sc->work[token] / sc->z) : 0.0;
     case SAMPLER_DIST_SPARSE:
         for (int32_t i = 0; i < sc->n_cand; i++)
-            if (sc->cand[i].id == token) return sc->cand[i].v / sc->z;
+            if (sc->cand[i].id == token) return (float)(sc->cand[i].v / sc->z);
         return 0.0;
     }
     (void)s;
     UNREACHABLE();
 }
 
-/* One draw from max(0, p - q), renormalised, with p the distribution in sc;
- * -1 when that has no mass (p <= q everywhere, up to rounding). */
+/* One draw from max(0, p - q), renormalised, with p the distribution in sc
+ * (rounded to float, as dist_prob()); -1 when that has no mass (p <= q
+ * everywhere: q is p, or rounding is all that is left). */
 static int32_t draw_residual(struct sampler *s, const struct sampler_scratch *sc, const float *q) {
     double total = 0.0;
     int32_t n = sc->dist == SAMPLER_DIST_SPARSE ? sc->n_cand : s->n_vocab;
@@ -858,8 +861,8 @@ static int32_t draw_residual(struct sampler *s, const struct sampler_scratch *sc
         int32_t last = -1;
         for (int32_t i = 0; i < n; i++) {
             int32_t id = sc->dist == SAMPLER_DIST_SPARSE ? sc->cand[i].id : i;
-            double p = sc->dist == SAMPLER_DIST_SPARSE ? sc->cand[i].v / sc->z
-                                                       : sc->work[i] / sc->z;
+            double p = (float)(sc->dist == SAMPLER_DIST_SPARSE ? sc->cand[i].v / sc->z
+                                                               : sc->work[i] / sc->z);
             double r = p - (double)q[id];
             if (r <= 0.0) continue;
             cum += r;
@@ -868,7 +871,7 @@ static int32_t draw_residual(struct sampler *s, const struct sampler_scratch *sc
         }
         if (pass) return last;  // rounding left u at the very end
         total = cum;
-        if (total <= 0.0) return -1;
+        if (total <= 1e-6) return -1;  // float rounding of p and q, not a residual
     }
     UNREACHABLE();
 }

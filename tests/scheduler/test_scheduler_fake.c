@@ -460,17 +460,18 @@ static void check_draft(uint64_t seed, const struct engine_model *m, const struc
  * drafted for by draft: no token oracle, so each request must end as asked
  * (max_tokens reached, or eos where eos is allowed) with nothing leaked. */
 static void check_draft_unseeded(uint64_t seed, const struct engine_model *m,
-                                 const struct engine_model *draft, struct scheduler_stats *st) {
+                                 const struct engine_model *draft, int32_t n_blocks,
+                                 struct scheduler_stats *st) {
     struct req_spec reqs[40];
     struct result got[40];
     make_reqs(seed, reqs, 40, 30);
     for (int i = 0; i < 40; i++) reqs[i].temperature = 0.8f, reqs[i].is_unseeded = true;
-    struct scheduler_params p = params(512, 512, true);
+    struct scheduler_params p = params(n_blocks, 512, true);
     p.max_seqs = 4;
     p.draft_model = draft;
     p.draft_n = 4;
     p.draft_always = true;
-    run(m, &p, reqs, 40, got, st);
+    run(m, &p, reqs, 40, got, st);  // the ledger checked after every step
     for (int i = 0; i < 40; i++) {
         assert_true(got[i].n_tokens >= 1 && got[i].n_tokens <= reqs[i].max_tokens);
         if (reqs[i].ignore_eos) assert_int_equal(got[i].n_tokens, reqs[i].max_tokens);
@@ -508,11 +509,16 @@ static void test_scheduler_fake_draft_model(void **state) {
         assert_true(st.n_draft_tokens > 100);
         assert_true(st.n_draft_accepted * 8 < st.n_draft_tokens);
         // Unseeded sampling: sampled drafts of the same model are all kept.
-        check_draft_unseeded(seed, m, same, &st);
+        check_draft_unseeded(seed, m, same, 512, &st);
         assert_true(st.n_draft_tokens > 100);
         assert_int_equal(st.n_draft_accepted, st.n_draft_tokens);
-        check_draft_unseeded(seed, m, other, &st);
+        check_draft_unseeded(seed, m, other, 512, &st);
         assert_true(st.n_draft_accepted < st.n_draft_tokens);
+        // A main pool that preempts: a sampled draft's room is reserved before it
+        // is drawn (or it does not draft) and what it did not use goes back.
+        check_draft_unseeded(seed, m, same, 11, &st);
+        assert_true(st.n_draft_tokens > 0);
+        assert_int_equal(st.n_blocks_used, 0);
     }
     engine_model_free(other);
     engine_model_free(same);
