@@ -58,7 +58,8 @@ const struct setting setting_table[] = {
      "--draft-model's), 0 = off; default 0, or 4 with --draft-model"},
     {"draft-model", 0, "draft_model", SETTING_KIND_STR, OFF(draft_model_path), 0, 0, "FILE",
      "speculative decoding with drafts from FILE, a smaller GGUF model of the same vocabulary "
-     "(greedy drafts; tokens exactly as without); not with --tp, --pp, --sp"},
+     "(greedy, or sampled for a request sampling without a seed; tokens as without: the same, "
+     "or of the same distribution); not with --tp, --pp, --sp"},
     {"max-queue", 0, "max_queue", SETTING_KIND_I32, OFF(max_queue), 1, 1 << 20, "N",
      "requests waiting for a slot before 429"},
     {"max-body", 0, "max_body", SETTING_KIND_SIZE, OFF(max_body_bytes), 1024, GIB, "SIZE",
