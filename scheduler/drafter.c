@@ -223,8 +223,7 @@ static int feed(struct drafter *d, struct drafter_job *jobs, int32_t n_jobs) {
         for (int32_t bi = 0; bi < n_seqs; bi++) {
             if (d->b_row[bi] < 0) continue;
             struct drafter_job *job = &jobs[d->b_job[bi]];
-            job->k = 0;
-            job->out[0] = draft_token(d, job, logits, d->b_row[bi]);
+            job->out[0] = draft_token(d, job, logits, d->b_row[bi]);  // k is 0
             job->k = 1;
         }
     }

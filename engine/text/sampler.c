@@ -688,14 +688,20 @@ static void truncate_cands(const struct sampler *s, struct sampler_scratch *sc, 
     sc->z = z_kept;
 }
 
+/* 1 / temperature; infinite (greedy) at temperature 0, or so small that
+ * 1/T overflows. */
+static float inv_temperature(const struct sampler_params *p) {
+    return p->temperature > 0.0f ? 1.0f / p->temperature : INFINITY;
+}
+
 /* The whole pipeline: leaves in sc the distribution to draw from. */
 static void build_dist(const struct sampler *s, struct sampler_scratch *sc, const float *logits,
                        const uint64_t *allow) {
     ASSERT(sc->n_vocab >= s->n_vocab);
     const struct sampler_params *p = &s->params;
     int32_t n_vocab = s->n_vocab;
-    float inv_t = p->temperature > 0.0f ? 1.0f / p->temperature : INFINITY;
-    bool is_greedy = !isfinite(inv_t);  // temperature 0, or so small that 1/T overflows
+    float inv_t = inv_temperature(p);
+    bool is_greedy = !isfinite(inv_t);
     // Greedy with nothing to adjust is one pass over the raw row.
     if (is_greedy && !has_adjustments(s) && !allow) {
         dist_one(sc, sampler_argmax(logits, n_vocab));
@@ -830,50 +836,58 @@ int32_t sampler_sample_allowed(struct sampler *s, struct sampler_scratch *sc, co
     return token;
 }
 
-/* The probability of token under the distribution build_dist() left in sc,
- * rounded to float as sampler_probs() writes it, so that a q from
- * sampler_draft() over the same row compares equal. */
-static double dist_prob(const struct sampler *s, const struct sampler_scratch *sc, int32_t token) {
+/* Entry i of the DENSE or SPARSE distribution build_dist() left in sc: its
+ * token (in *id) and probability, rounded to float as sampler_probs() writes
+ * it, so that a q from sampler_draft() over the same row compares equal. */
+static double dist_entry(const struct sampler_scratch *sc, int32_t i, int32_t *id) {
+    const bool is_sparse = sc->dist == SAMPLER_DIST_SPARSE;
+    *id = is_sparse ? sc->cand[i].id : i;
+    const float v = is_sparse ? sc->cand[i].v : sc->work[i];
+    return v > 0.0f ? (float)(v / sc->z) : 0.0;
+}
+
+/* The probability of token under the distribution in sc (as dist_entry()). */
+static double dist_prob(const struct sampler_scratch *sc, int32_t token) {
+    int32_t id;
     switch (sc->dist) {
     case SAMPLER_DIST_ONE:
         return token == sc->one ? 1.0 : 0.0;
     case SAMPLER_DIST_DENSE:
-        return sc->work[token] > 0.0f ? (float)(sc->work[token] / sc->z) : 0.0;
+        return dist_entry(sc, token, &id);
     case SAMPLER_DIST_SPARSE:
-        for (int32_t i = 0; i < sc->n_cand; i++)
-            if (sc->cand[i].id == token) return (float)(sc->cand[i].v / sc->z);
+        for (int32_t i = 0; i < sc->n_cand; i++) {
+            const double p = dist_entry(sc, i, &id);
+            if (id == token) return p;
+        }
         return 0.0;
     }
-    (void)s;
     UNREACHABLE();
 }
 
 /* One draw from max(0, p - q), renormalised, with p the distribution in sc
- * (rounded to float, as dist_prob()); -1 when that has no mass (p <= q
- * everywhere: q is p, or rounding is all that is left). */
+ * (as dist_entry()); -1 when that has no mass (p <= q everywhere: q is p,
+ * or float rounding is all that is left). */
 static int32_t draw_residual(struct sampler *s, const struct sampler_scratch *sc, const float *q) {
-    double total = 0.0;
-    int32_t n = sc->dist == SAMPLER_DIST_SPARSE ? sc->n_cand : s->n_vocab;
     if (sc->dist == SAMPLER_DIST_ONE) return q[sc->one] < 1.0f ? sc->one : -1;
-    for (int32_t pass = 0; pass < 2; pass++) {
-        double u = pass ? rng_uniform(s->rng) * total : 0.0;
-        double cum = 0.0;
-        int32_t last = -1;
-        for (int32_t i = 0; i < n; i++) {
-            int32_t id = sc->dist == SAMPLER_DIST_SPARSE ? sc->cand[i].id : i;
-            double p = (float)(sc->dist == SAMPLER_DIST_SPARSE ? sc->cand[i].v / sc->z
-                                                               : sc->work[i] / sc->z);
-            double r = p - (double)q[id];
-            if (r <= 0.0) continue;
-            cum += r;
-            last = id;
-            if (pass && cum > u) return id;
-        }
-        if (pass) return last;  // rounding left u at the very end
-        total = cum;
-        if (total <= 1e-6) return -1;  // float rounding of p and q, not a residual
+    const int32_t n = sc->dist == SAMPLER_DIST_SPARSE ? sc->n_cand : s->n_vocab;
+    int32_t id;
+    double total = 0.0;
+    for (int32_t i = 0; i < n; i++) {
+        const double r = dist_entry(sc, i, &id) - (double)q[id];
+        if (r > 0.0) total += r;
     }
-    UNREACHABLE();
+    if (total <= 1e-6) return -1;
+    const double u = rng_uniform(s->rng) * total;
+    double cum = 0.0;
+    int32_t last = -1;
+    for (int32_t i = 0; i < n; i++) {
+        const double r = dist_entry(sc, i, &id) - (double)q[id];
+        if (r <= 0.0) continue;
+        cum += r;
+        last = id;
+        if (cum > u) return id;
+    }
+    return last;  // rounding left u at the very end
 }
 
 int32_t sampler_draft(struct sampler *s, struct sampler_scratch *sc, const float *logits,
@@ -888,7 +902,7 @@ int32_t sampler_sample_draft(struct sampler *s, struct sampler_scratch *sc, cons
     build_dist(s, sc, logits, allow);
     // Keep the draft with probability min(1, p / q); else draw from max(0, p - q),
     // whose mass is the chance of that rejection: together, a draw from p.
-    const double p_d = dist_prob(s, sc, draft);
+    const double p_d = dist_prob(sc, draft);
     const double q_d = q[draft];
     int32_t token = draft;
     if (!(p_d > 0.0 && rng_uniform(s->rng) * q_d < p_d)) {
@@ -901,8 +915,7 @@ int32_t sampler_sample_draft(struct sampler *s, struct sampler_scratch *sc, cons
 }
 
 bool sampler_is_deterministic(const struct sampler *s) {
-    return s->params.has_seed || !(s->params.temperature > 0.0f) ||
-           !isfinite(1.0f / s->params.temperature);
+    return s->params.has_seed || !isfinite(inv_temperature(&s->params));
 }
 
 int32_t sampler_probs(struct sampler *s, struct sampler_scratch *sc, const float *logits,
