@@ -31,16 +31,29 @@
 #include "engine/text/gbnf.h"
 #include "engine/text/tokenizer.h"
 
+/* The matcher's work bounds are powers of two shifted down by
+ * GRAMMAR_BOUND_SHIFT. In the fuzz build (-DLLMSERVE_FUZZ) the shift is 6:
+ * bounds 64 times smaller, so an ambiguous grammar reaches the paths past
+ * them (a cut mask, a closure cut short, an overgrown matcher, compaction)
+ * at 1/64 of the work. At full size such an input costs 1-3 s under ASan
+ * and coverage, and the fuzzer, which keeps and mutates what is slow, runs
+ * at tens of inputs a second; the code is the same at either size. */
+#ifdef LLMSERVE_FUZZ
+#define GRAMMAR_BOUND_SHIFT 6
+#else
+#define GRAMMAR_BOUND_SHIFT 0
+#endif
+
 #define GRAMMAR_STATES_MAX 8192    // states kept between tokens before a compaction
-#define GRAMMAR_NODES_MAX (1 << 18)
+#define GRAMMAR_NODES_MAX ((1 << 18) >> GRAMMAR_BOUND_SHIFT)
 // Stack frames the current stacks alone may hold after a compaction; past it the
 // grammar is too ambiguous to follow. Half of GRAMMAR_NODES_MAX, so that between two
 // compactions at least as many nodes are made as the next one copies.
 #define GRAMMAR_LIVE_NODES_MAX (GRAMMAR_NODES_MAX / 2)
 #define GRAMMAR_TABLES_MAX 4096    // transition tables (1 KiB each)
 #define GRAMMAR_MASKS_MAX 32       // cached token masks
-#define GRAMMAR_CLOSURE_MAX (1 << 16)  // configurations one closure may visit
-#define GRAMMAR_MASK_WORK (1 << 18)    // stacks and configurations one token mask may visit
+#define GRAMMAR_CLOSURE_MAX ((1 << 16) >> GRAMMAR_BOUND_SHIFT)  // configurations a closure visits
+#define GRAMMAR_MASK_WORK ((1 << 18) >> GRAMMAR_BOUND_SHIFT)  // stacks and configurations per mask
 #define GRAMMAR_TRANS_UNKNOWN (-2)
 #define GRAMMAR_TRANS_DEAD (-1)
 
@@ -181,6 +194,7 @@ struct gstate {
     int32_t table;     // transition table index, -1: none yet
     int32_t mask;      // mask slot, -1: none
     int32_t n_allowed; // with mask: its population
+    bool is_mask_cut;  // with mask: it was cut short by the bound of work
     uint32_t hash;
     bool is_accepting; // holds the empty stack
 };
@@ -200,6 +214,7 @@ struct grammar {
     int64_t n_masks_cut;       // masks whose walk used up its work (grammar_n_masks_cut)
     int64_t n_compactions;     // compact() calls (grammar_n_compactions)
     bool is_cut_dead;          // the last mask was cut short and allowed nothing
+    bool is_mask_cut;          // the last mask was cut short (computed or cached)
     bool is_budgeted;          // inside grammar_mask(): its walk has a bound of work
     bool is_over_budget;       // ... and has used it up: what it has not seen is not allowed
     bool is_overgrown;         // the current stacks passed GRAMMAR_LIVE_NODES_MAX: follows nothing
@@ -544,11 +559,13 @@ int32_t grammar_mask(struct grammar *gm, const struct grammar_vocab *v, uint64_t
     size_t words = grammar_mask_words(v->n_vocab);
     memset(allow, 0, words * sizeof(*allow));
     gm->is_cut_dead = false;
+    gm->is_mask_cut = false;
     int32_t st = gm->cur;
     if (st < 0) return 0;
     if (gm->is_overgrown) {  // not a dead end: too ambiguous to follow further
         gm->n_masks_cut++;
         gm->is_cut_dead = true;
+        gm->is_mask_cut = true;
         return 0;
     }
     if (gm->mask_words == 0) gm->mask_words = words;
@@ -556,6 +573,7 @@ int32_t grammar_mask(struct grammar *gm, const struct grammar_vocab *v, uint64_t
     int32_t slot = gm->states[st].mask;
     if (slot >= 0) {
         memcpy(allow, gm->masks + (size_t)slot * words, words * sizeof(*allow));
+        gm->is_mask_cut = gm->states[st].is_mask_cut;
         return gm->states[st].n_allowed;
     }
     if (gm->cap_walk < v->max_depth + 1) {
@@ -600,6 +618,7 @@ int32_t grammar_mask(struct grammar *gm, const struct grammar_vocab *v, uint64_t
     }
     // A walk cut short with nothing allowed is no answer (grammar_is_cut_dead()): not
     // cached, so that asking again cuts it again.
+    gm->is_mask_cut = gm->is_over_budget;
     gm->is_cut_dead = gm->is_over_budget && n_allowed == 0;
     if (gm->is_cut_dead) return 0;
     // Cache it, evicting round robin.
@@ -610,6 +629,7 @@ int32_t grammar_mask(struct grammar *gm, const struct grammar_vocab *v, uint64_t
     gm->mask_owner[slot] = st;
     gm->states[st].mask = slot;
     gm->states[st].n_allowed = n_allowed;
+    gm->states[st].is_mask_cut = gm->is_mask_cut;
     memcpy(gm->masks + (size_t)slot * words, allow, words * sizeof(*allow));
     return n_allowed;
 }
@@ -654,6 +674,8 @@ bool grammar_is_accepting(const struct grammar *gm) {
 int64_t grammar_n_masks_cut(const struct grammar *gm) { return gm->n_masks_cut; }
 
 bool grammar_is_cut_dead(const struct grammar *gm) { return gm->is_cut_dead; }
+
+bool grammar_is_mask_cut(const struct grammar *gm) { return gm->is_mask_cut; }
 
 int32_t grammar_n_states(const struct grammar *gm) { return gm->n_states; }
 

@@ -95,6 +95,12 @@ int64_t grammar_n_compactions(const struct grammar *gm);
 /* Masks of this matcher cut short by grammar_mask()'s bound of work. */
 int64_t grammar_n_masks_cut(const struct grammar *gm);
 
+/* Whether the last grammar_mask() was cut short by its bound of work (computed
+ * then or, cut short before, from the cache): it may leave out tokens that
+ * continue the grammar, so grammar_accept_token() may accept a token it did
+ * not allow. An uncut mask allows exactly the tokens that are accepted. */
+bool grammar_is_mask_cut(const struct grammar *gm);
+
 /* Whether the last grammar_mask() allowed nothing because it was cut short
  * (not a dead end: the grammar was too ambiguous to follow; the caller ends
  * the sequence with an error rather than as complete). It is also true once

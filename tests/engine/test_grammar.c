@@ -517,8 +517,17 @@ static void test_grammar_ambiguous_masks_are_bounded_and_sound(void **state) {
     for (size_t i = 0; i < drive.len; i++) {
         const int64_t cut0 = grammar_n_masks_cut(gm);
         const int32_t n = grammar_mask(gm, v, m);
-        const bool is_cut = grammar_n_masks_cut(gm) > cut0;
+        // Cut now (counted), or cut before and cached (not counted again): either way
+        // grammar_is_mask_cut says so, and a mask it calls uncut must be exact (below).
+        const bool is_cut = grammar_is_mask_cut(gm);
+        if (grammar_n_masks_cut(gm) > cut0) assert_true(is_cut);
         n_cut += is_cut;
+        if (n > 0) {  // asked again: the same mask from the cache, still known to be cut
+            uint64_t again[(N_VOCAB + 63) / 64];  // (one that allowed nothing is not cached:
+            assert_int_equal(grammar_mask(gm, v, again), n);  // a new walk may get further)
+            assert_memory_equal(again, m, sizeof(m));
+            assert_true(grammar_is_mask_cut(gm) == is_cut);
+        }
         int32_t n_set = 0;
         for (int b = 0; b < 256; b++) {
             const bool in_mask = has(m, byte_tok(b));
