@@ -352,7 +352,7 @@ static long long spec_run_drafted(const char *m, const char *prompts, const char
     assert_int_equal(run(cmd, out, sizeof(out)), 0);
     for (int i = 0; i < N_SPEC; i++) ids[i] = NULL;
     for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
-        json_t *j = json_loads(line, 0, NULL);
+        json_t *j = json_loads(line, JSON_ALLOW_NUL, NULL);
         assert_non_null(j);
         int idx = (int)json_integer_value(json_object_get(j, "index"));
         assert_true(idx >= 0 && idx < N_SPEC);

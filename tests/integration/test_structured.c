@@ -80,7 +80,7 @@ static void ask(const char *path, const char *body, bool stream, struct reply *o
     if (st != 200) fail_msg("POST %s %s: %d %s", path, body, st, resp.body);
     bool chat = strstr(path, "chat") != NULL;
     if (!stream) {
-        json_t *root = json_loads(resp.body, 0, NULL);
+        json_t *root = json_loads(resp.body, JSON_ALLOW_NUL, NULL);
         assert_non_null(root);
         take_choice(root, chat, false, out);
         json_decref(root);
@@ -90,7 +90,7 @@ static void ask(const char *path, const char *body, bool stream, struct reply *o
         assert_true(n >= 2);
         assert_string_equal(ev[n - 1], "[DONE]");
         for (int i = 0; i < n - 1; i++) {
-            json_t *root = json_loads(ev[i], 0, NULL);
+            json_t *root = json_loads(ev[i], JSON_ALLOW_NUL, NULL);
             assert_non_null(root);
             take_choice(root, chat, true, out);
             json_decref(root);

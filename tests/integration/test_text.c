@@ -136,7 +136,7 @@ static json_t *post_json(const char *path, const char *body) {
     int st = httptest_request(srv.port, "POST", path, NULL, body, &r);
     if (st != 200) fail_msg("POST %s %s: %d %s", path, body, st, r.body);
     json_error_t je;
-    json_t *o = json_loads(r.body, 0, &je);
+    json_t *o = json_loads(r.body, JSON_ALLOW_NUL, &je);
     if (!o) fail_msg("not JSON: %s", r.body);
     httptest_resp_free(&r);
     return o;
@@ -162,7 +162,7 @@ static char *post_stream_to(int port, const char *path, const char *body, bool c
     char *text = calloc(1, 1 << 16);
     assert_non_null(text);
     for (int i = 0; i < n - 1; i++) {
-        json_t *o = json_loads(ev[i], 0, NULL);
+        json_t *o = json_loads(ev[i], JSON_ALLOW_NUL, NULL);
         if (!o) fail_msg("not JSON: %s", ev[i]);
         json_t *c = json_array_get(json_object_get(o, "choices"), 0);
         json_t *t = chat ? json_object_get(json_object_get(c, "delta"), "content")
@@ -243,7 +243,7 @@ static void test_text_batch(void **state) {
         char *eol = strchr(line, '\n');
         assert_non_null(eol);
         *eol = '\0';
-        json_t *o = json_loads(line, 0, NULL);
+        json_t *o = json_loads(line, JSON_ALLOW_NUL, NULL);
         assert_non_null(o);
         assert_string_equal(json_string_value(json_object_get(o, "text")),
                             expected_text(&k_cases[k]));
@@ -314,7 +314,7 @@ static void test_text_draft_model_changes_no_text(void **state) {
             struct httptest_resp r;
             assert_int_equal(httptest_request(s2.port, "POST", "/v1/completions", NULL, body, &r),
                              200);
-            json_t *o = json_loads(r.body, 0, NULL);
+            json_t *o = json_loads(r.body, JSON_ALLOW_NUL, NULL);
             assert_non_null(o);
             assert_string_equal(choice_str(o, "text"), expected_text(c));
             json_decref(o);
@@ -450,7 +450,7 @@ static void test_text_model_id_is_the_file_name(void **state) {
     shared_or_skip();
     struct httptest_resp r;
     assert_int_equal(httptest_request(srv.port, "GET", "/v1/models", NULL, NULL, &r), 200);
-    json_t *o = json_loads(r.body, 0, NULL);
+    json_t *o = json_loads(r.body, JSON_ALLOW_NUL, NULL);
     assert_non_null(o);
     json_t *m = json_array_get(json_object_get(o, "data"), 0);
     assert_string_equal(json_string_value(json_object_get(m, "id")), "stories260K");
@@ -502,7 +502,7 @@ static void test_text_chat_llama2_drops_the_template_space(void **state) {
                               "{\"prompt\": \"[INST] The dog [/INST]\", \"max_tokens\": 10, "
                               "\"temperature\": 0}", &r);
     assert_int_equal(st, 200);
-    json_t *o = json_loads(r.body, 0, NULL);
+    json_t *o = json_loads(r.body, JSON_ALLOW_NUL, NULL);
     assert_non_null(o);
     assert_string_equal(json_string_value(json_object_get(o, "model")), "tiny-story");
     const char *cont = choice_str(o, "text");
@@ -517,7 +517,7 @@ static void test_text_chat_llama2_drops_the_template_space(void **state) {
     snprintf(body, sizeof(body), chat, "");
     assert_int_equal(httptest_request(s2.port, "POST", "/v1/chat/completions", NULL, body, &r),
                      200);
-    o = json_loads(r.body, 0, NULL);
+    o = json_loads(r.body, JSON_ALLOW_NUL, NULL);
     assert_non_null(o);
     json_t *msg = json_object_get(json_array_get(json_object_get(o, "choices"), 0), "message");
     assert_string_equal(json_string_value(json_object_get(msg, "content")), want);
@@ -531,7 +531,7 @@ static void test_text_chat_llama2_drops_the_template_space(void **state) {
     char **ev = httptest_sse_events(r.body, &n);
     char got[1024] = "";
     for (int i = 0; i < n - 1; i++) {
-        json_t *e = json_loads(ev[i], 0, NULL);
+        json_t *e = json_loads(ev[i], JSON_ALLOW_NUL, NULL);
         assert_non_null(e);
         json_t *c = json_object_get(json_object_get(json_array_get(json_object_get(e, "choices"),
                                                                    0), "delta"), "content");
