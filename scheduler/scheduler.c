@@ -942,10 +942,14 @@ static int create_drafter(struct scheduler *s, int32_t n_draft_blocks) {
     s->draft_q = malloc((size_t)SCHEDULER_DRAFT_MAX_DECODES * (size_t)s->p.draft_n *
                         (size_t)s->n_vocab * sizeof(*s->draft_q));
     if (!s->jobs || !s->job_of || !s->draft_q) return ERR_NOMEM;
-    LOG_INFO("draft model: kv_blocks=%d kv_mib=%.1f draft_n=%d", (int)(dp.n_blocks - 1),
+    // The draft distributions (q) are outside kv_memory_mib, like the logits: say how much.
+    LOG_INFO("draft model: kv_blocks=%d kv_mib=%.1f draft_n=%d q_mib=%.1f",
+             (int)(dp.n_blocks - 1),
              (double)engine_kv_block_bytes(s->p.draft_model, dp.block_size, dp.kv_type) *
                  (dp.n_blocks - 1) / 1048576.0,
-             (int)s->p.draft_n);
+             (int)s->p.draft_n,
+             (double)SCHEDULER_DRAFT_MAX_DECODES * s->p.draft_n * s->n_vocab *
+                 sizeof(*s->draft_q) / 1048576.0);
     return 0;
 }
 
