@@ -24,6 +24,7 @@
 #include "engine/base/clock.h"
 #include "engine/base/err.h"
 #include "engine/base/log.h"
+#include "engine/text/grammar.h"
 #include "engine/text/sampler.h"
 #include "scheduler/block_alloc.h"
 #include "scheduler/block_table.h"
@@ -46,6 +47,7 @@ struct drafter {
     int32_t *b_row;                    // owned; [max_seqs] its logits row, -1: none
     double pass_ns;                    // moving average of a drafting pass's time, 0: none yet
     float *row;                        // owned; [p.n_vocab] a draft row in the model's ids
+    uint64_t *allow;                   // owned; [grammar_mask_words(p.n_vocab)] a job's mask
 };
 
 int drafter_create(const struct engine_model *draft, const struct drafter_params *p,
@@ -87,8 +89,9 @@ int drafter_create(const struct engine_model *draft, const struct drafter_params
         d->b_job = calloc((size_t)max_seqs, sizeof(*d->b_job));
         d->b_row = calloc((size_t)max_seqs, sizeof(*d->b_row));
         d->row = malloc((size_t)p->n_vocab * sizeof(*d->row));
+        d->allow = malloc(grammar_mask_words(p->n_vocab) * sizeof(*d->allow));
         if (!d->b_token || !d->b_pos || !d->b_seq || !d->b_output || !d->b_seqs || !d->b_job ||
-            !d->b_row || !d->row)
+            !d->b_row || !d->row || !d->allow)
             err = ERR_NOMEM;
     }
     if (err) {
@@ -111,6 +114,7 @@ void drafter_free(struct drafter *d) {
     free(d->b_job);
     free(d->b_row);
     free(d->row);
+    free(d->allow);
     free(d);
 }
 
@@ -146,17 +150,38 @@ static bool reserve(struct drafter *d, struct seq *sq, int32_t n_tokens,
     return r == BLOCK_RESERVE_OK;
 }
 
+/* The tokens the job's grammar allows after its draft so far into d->allow,
+ * and every other entry of d->row to -inf; false when no id of the draft's
+ * vocabulary is allowed (a dead end, or a mask cut short with nothing). */
+static bool mask_row(struct drafter *d, const struct drafter_job *job) {
+    if (grammar_mask(job->grammar, job->gvocab, d->allow) == 0) return false;
+    int32_t n_left = 0;
+    for (int32_t i = 0; i < d->p.n_vocab; i++) {
+        if (!((d->allow[i / 64] >> (i % 64)) & 1)) d->row[i] = -INFINITY;
+        else n_left += i < d->n_vocab_both;
+    }
+    return n_left > 0;
+}
+
 /* The job's next draft token from logits row `row`, among the ids both
- * vocabularies have: greedy, or drawn from the sequence's sampling
- * distribution over the row (written to the job's q). */
+ * vocabularies have and, for a constrained sequence, that its grammar allows
+ * next (the grammar then advances by it: the caller rewinds it after the
+ * proposal): greedy, or drawn from the sequence's sampling distribution over
+ * the row under that mask (written to the job's q). -1: none allowed. */
 static int32_t draft_token(struct drafter *d, const struct drafter_job *job, const float *logits,
                            int32_t row) {
     const float *x = logits + (size_t)row * (size_t)d->n_vocab_draft;
-    if (!job->q) return sampler_argmax(x, d->n_vocab_both);
+    if (!job->q && !job->grammar) return sampler_argmax(x, d->n_vocab_both);
     memcpy(d->row, x, (size_t)d->n_vocab_both * sizeof(*d->row));
     for (int32_t i = d->n_vocab_both; i < d->p.n_vocab; i++) d->row[i] = -INFINITY;
-    return sampler_draft(job->sq->sampler, d->p.scratch, d->row,
-                         job->q + (size_t)job->k * (size_t)d->p.n_vocab);
+    if (job->grammar && !mask_row(d, job)) return -1;
+    const int32_t t = job->q ? sampler_draft(job->sq->sampler, d->p.scratch, d->row,
+                                             job->grammar ? d->allow : NULL,
+                                             job->q + (size_t)job->k * (size_t)d->p.n_vocab)
+                             : sampler_argmax(d->row, d->p.n_vocab);
+    if (job->grammar && grammar_accept_token(job->grammar, job->gvocab, t) == GRAMMAR_STEP_REJECT)
+        return -1;  // cannot be (t was allowed); no draft rather than a wrong one
+    return t;
 }
 
 /* Adds token at pos of batch sequence bi to the batch. An id the draft's
@@ -223,7 +248,9 @@ static int feed(struct drafter *d, struct drafter_job *jobs, int32_t n_jobs) {
         for (int32_t bi = 0; bi < n_seqs; bi++) {
             if (d->b_row[bi] < 0) continue;
             struct drafter_job *job = &jobs[d->b_job[bi]];
-            job->out[0] = draft_token(d, job, logits, d->b_row[bi]);  // k is 0
+            const int32_t t = draft_token(d, job, logits, d->b_row[bi]);  // k is 0
+            if (t < 0) continue;  // its grammar allows nothing: no draft
+            job->out[0] = t;
             job->k = 1;
         }
     }
@@ -242,6 +269,8 @@ int drafter_propose(struct drafter *d, struct drafter_job *jobs, int32_t n,
         if (!reserve(d, job->sq, job->sq->n_tokens + job->room - 1, queues, n_queues, jobs, n))
             job->room = 0;
     }
+    for (int32_t j = 0; j < n; j++)
+        if (jobs[j].grammar) jobs[j].grammar_at = grammar_mark(jobs[j].grammar);
     int err = feed(d, jobs, n);
     for (int32_t step = 1; !err; step++) {
         int32_t n_tok = 0, n_seqs = 0;
@@ -265,9 +294,11 @@ int drafter_propose(struct drafter *d, struct drafter_job *jobs, int32_t n,
         for (int32_t bi = 0; bi < n_seqs; bi++) {
             struct drafter_job *job = &jobs[d->b_job[bi]];
             const int32_t t = draft_token(d, job, logits, bi);
-            job->out[job->k++] = t;
+            if (t >= 0) job->out[job->k++] = t;  // else its grammar allows nothing: it ends here
         }
     }
+    for (int32_t j = 0; j < n; j++)  // the grammars as they were: drafts are only guesses
+        if (jobs[j].grammar) grammar_rewind(jobs[j].grammar, jobs[j].grammar_at);
     if (err) {
         LOG_ERROR("draft model forward pass failed: %s; no drafts this step", err_str(err));
         for (int32_t j = 0; j < n; j++) {

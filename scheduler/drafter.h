@@ -18,6 +18,9 @@
  * draft (a job with q: a sequence that samples without a seed) is drawn
  * from the sequence's own sampling pipeline over the draft's logits, and
  * the scheduler verifies it with sampler_sample_draft() against that q.
+ * A constrained sequence's draft holds only tokens its grammar allows, each
+ * after the ones before it (greedy over the masked row, or q masked as the
+ * model's p will be), so no draft is wasted on a token the grammar refuses.
  * When the pool is short, the draft KV of sequences not drafting in this
  * step is released (they feed their tokens again when they next draft).
  *
@@ -32,6 +35,8 @@
 
 #include "engine/engine.h"
 
+struct grammar;
+struct grammar_vocab;
 struct seq;
 struct seq_queue;
 struct drafter;
@@ -61,6 +66,11 @@ struct drafter_job {
                     //    (sampler_draft: the sequence's pipeline over the draft's row,
                     //    with its history as of the step: the draft's own earlier
                     //    tokens are not in it, so penalties lower acceptance)
+    struct grammar *grammar;             // NULL: free; else the sequence's (constrained
+    const struct grammar_vocab *gvocab;  //    now): each draft token is one its grammar allows
+                                         //    after the draft's earlier ones (q masked so);
+                                         //    advanced over the draft, then rewound
+    int32_t grammar_at;                  // drafter_propose's: the grammar's mark
     int32_t k;
     int32_t n_fed;
 };

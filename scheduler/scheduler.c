@@ -274,18 +274,23 @@ static void publish_stats(struct scheduler *s) {
     uv_mutex_unlock(&s->stats_lock);
 }
 
-/* The allowed tokens of a constrained sequence into s->allow: NULL when sq
- * is unconstrained, or when no token continues its grammar (*is_dead set).
- * The vocabulary's byte trie is built on first use. */
-static const uint64_t *grammar_allow(struct scheduler *s, struct seq *sq, bool *is_dead) {
-    *is_dead = false;
-    if (!seq_is_constrained(sq)) return NULL;
+/* The vocabulary's byte trie for grammars, built on first use. */
+static const struct grammar_vocab *grammar_vocab_of(struct scheduler *s) {
     if (!s->gvocab) {
         s->gvocab = grammar_vocab_create(s->tok);
         s->allow = xmalloc(grammar_mask_words(s->n_vocab) * sizeof(*s->allow));
         ASSERT(s->gvocab);  // bookkeeping-sized: the vocabulary's pieces
     }
-    *is_dead = grammar_mask(sq->grammar, s->gvocab, s->allow) == 0;
+    return s->gvocab;
+}
+
+/* The allowed tokens of a constrained sequence into s->allow: NULL when sq
+ * is unconstrained, or when no token continues its grammar (*is_dead set). */
+static const uint64_t *grammar_allow(struct scheduler *s, struct seq *sq, bool *is_dead) {
+    *is_dead = false;
+    if (!seq_is_constrained(sq)) return NULL;
+    const struct grammar_vocab *v = grammar_vocab_of(s);  // before s->allow: it makes that
+    *is_dead = grammar_mask(sq->grammar, v, s->allow) == 0;
     return *is_dead ? NULL : s->allow;
 }
 
@@ -450,6 +455,25 @@ static void take_draft(struct scheduler *s, int32_t i, int32_t k, int32_t *n_tok
     *n_rows += k;
 }
 
+/* How many of prompt lookup's draft d [k] a constrained sequence's grammar
+ * takes in turn (all of it for an unconstrained sequence): the draft is cut
+ * before the first token the grammar refuses, which the model cannot emit,
+ * so verifying it would only cost. The grammar is rewound after. */
+static int32_t grammar_prefix(struct scheduler *s, struct seq *sq, const int32_t *d, int32_t k) {
+    if (k == 0 || !seq_is_constrained(sq)) return k;
+    const struct grammar_vocab *v = grammar_vocab_of(s);
+    const int32_t at = grammar_mark(sq->grammar);
+    int32_t n = 0;
+    while (n < k) {
+        const enum grammar_step st = grammar_accept_token(sq->grammar, v, d[n]);
+        if (st == GRAMMAR_STEP_REJECT) break;
+        n++;
+        if (st == GRAMMAR_STEP_DONE) break;  // complete: nothing but the end can follow
+    }
+    grammar_rewind(sq->grammar, at);
+    return n;
+}
+
 /* A draft model's draft length. With alpha the chance that a draft token
  * is right (each one given the ones before it: the sequence's accepted over
  * tested draft tokens, from a prior of 1 in 2), k drafted tokens yield
@@ -503,7 +527,7 @@ static void propose_drafts(struct scheduler *s, int32_t *n_tokens, int32_t *n_ro
         int32_t *d = s->drafts + (size_t)i * SCHEDULER_MAX_DRAFT;
         if (!s->drafter) {
             int32_t k = draft_lookup(sq->tokens, sq->n_tokens, draft_room(s, sq, *n_tokens, *n_rows), d);
-            take_draft(s, i, k, n_tokens, n_rows);
+            take_draft(s, i, grammar_prefix(s, sq, d, k), n_tokens, n_rows);
             continue;
         }
         // The draft model drafts for all of them at once: room as if each
@@ -530,7 +554,12 @@ static void propose_drafts(struct scheduler *s, int32_t *n_tokens, int32_t *n_ro
         if (q && block_table_reserve(&sq->table, s->alloc, sq->n_tokens + room) !=
                      BLOCK_RESERVE_OK)
             continue;
-        s->jobs[n_jobs] = (struct drafter_job){.sq = sq, .room = room, .out = d, .q = q};
+        const bool is_constrained = seq_is_constrained(sq);
+        s->jobs[n_jobs] = (struct drafter_job){
+            .sq = sq, .room = room, .out = d, .q = q,
+            .grammar = is_constrained ? sq->grammar : NULL,
+            .gvocab = is_constrained ? grammar_vocab_of(s) : NULL,
+        };
         s->job_of[n_jobs++] = i;
         n_room += room;
     }

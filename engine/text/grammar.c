@@ -218,6 +218,7 @@ struct grammar {
     bool is_budgeted;          // inside grammar_mask(): its walk has a bound of work
     bool is_over_budget;       // ... and has used it up: what it has not seen is not allowed
     bool is_overgrown;         // the current stacks passed GRAMMAR_LIVE_NODES_MAX: follows nothing
+    bool is_marked;            // a grammar_mark() is held: no compaction (state ids stay)
     int64_t work_left;         // stacks and configurations it may still visit
     // states
     struct gstate *states;     // owned; [n_states]
@@ -641,8 +642,8 @@ enum grammar_step grammar_accept_bytes(struct grammar *gm, const void *bytes, si
     for (size_t i = 0; i < len && st >= 0; i++) st = trans(gm, st, p[i]);
     if (st < 0) return GRAMMAR_STEP_REJECT;
     gm->cur = st;
-    if (gm->n_states > GRAMMAR_STATES_MAX || gm->n_nodes > GRAMMAR_NODES_MAX ||
-        gm->n_tables >= GRAMMAR_TABLES_MAX) {
+    if (!gm->is_marked && (gm->n_states > GRAMMAR_STATES_MAX || gm->n_nodes > GRAMMAR_NODES_MAX ||
+                           gm->n_tables >= GRAMMAR_TABLES_MAX)) {
         compact(gm);
         gm->n_compactions++;
         gm->is_overgrown = gm->n_nodes > GRAMMAR_LIVE_NODES_MAX;
@@ -676,6 +677,18 @@ int64_t grammar_n_masks_cut(const struct grammar *gm) { return gm->n_masks_cut; 
 bool grammar_is_cut_dead(const struct grammar *gm) { return gm->is_cut_dead; }
 
 bool grammar_is_mask_cut(const struct grammar *gm) { return gm->is_mask_cut; }
+
+int32_t grammar_mark(struct grammar *gm) {
+    ASSERT(!gm->is_marked);
+    gm->is_marked = true;
+    return gm->cur;
+}
+
+void grammar_rewind(struct grammar *gm, int32_t mark) {
+    ASSERT(gm->is_marked);
+    gm->is_marked = false;
+    gm->cur = mark;
+}
 
 int32_t grammar_n_states(const struct grammar *gm) { return gm->n_states; }
 

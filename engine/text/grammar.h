@@ -77,6 +77,15 @@ enum grammar_step grammar_accept_token(struct grammar *gm, const struct grammar_
  * above; on REJECT the state is unchanged. */
 enum grammar_step grammar_accept_bytes(struct grammar *gm, const void *bytes, size_t len);
 
+/* A trial (a speculative draft checked against the grammar): grammar_mark()
+ * returns the current state, the accepts that follow advance as usual, and
+ * grammar_rewind(gm, mark) goes back to the marked state. While a mark is
+ * held the matcher does not compact (the mark stays a valid state; the
+ * tables may pass their caps by what the trial's tokens add, at most a
+ * closure's bound per byte), and one mark at a time. [the sequence's thread] */
+int32_t grammar_mark(struct grammar *gm);
+void grammar_rewind(struct grammar *gm, int32_t mark);
+
 /* True when byte b may come next; the state is unchanged. */
 bool grammar_allows_byte(struct grammar *gm, uint8_t b);
 

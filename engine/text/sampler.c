@@ -891,8 +891,8 @@ static int32_t draw_residual(struct sampler *s, const struct sampler_scratch *sc
 }
 
 int32_t sampler_draft(struct sampler *s, struct sampler_scratch *sc, const float *logits,
-                      float *q) {
-    sampler_probs_allowed(s, sc, logits, NULL, q);
+                      const uint64_t *allow, float *q) {
+    sampler_probs_allowed(s, sc, logits, allow, q);
     return draw(s, sc);
 }
 

@@ -466,6 +466,41 @@ static void test_grammar_mask_matches_brute_force_stories(void **state) {
 
 /* Many steps through distinct states: the tables pass their caps and the
  * matcher compacts, without changing what it accepts. */
+/* grammar_mark / grammar_rewind (a speculative draft tried against the
+ * grammar). Hand-derived from root ::= ("a"{0,1000} "b"){5} "!": five blocks
+ * of up to 1000 a's and a b, then "!". A trial that completes the grammar is
+ * undone; a trial of 5004 new states (4 full blocks and 1000 a's: past the
+ * 4096 tables the matcher keeps before it compacts, as the test below shows)
+ * compacts nothing while the mark is held, and the mark is then still the
+ * start; the first accept after the rewind compacts. */
+static void test_grammar_mark_and_rewind(void **state) {
+    (void)state;
+    struct grammar *gm = make("root ::= (\"a\"{0,1000} \"b\"){5} \"!\"");
+    assert_int_equal(grammar_accept_bytes(gm, "ab", 2), GRAMMAR_STEP_OK);  // block 1
+    int32_t at = grammar_mark(gm);
+    assert_int_equal(grammar_accept_bytes(gm, "bbbb", 4), GRAMMAR_STEP_OK);
+    assert_int_equal(grammar_accept_bytes(gm, "!", 1), GRAMMAR_STEP_DONE);
+    grammar_rewind(gm, at);
+    assert_false(grammar_is_accepting(gm));
+    assert_int_equal(grammar_accept_bytes(gm, "bbb!", 4), GRAMMAR_STEP_REJECT);  // 4 blocks
+    assert_int_equal(grammar_accept_bytes(gm, "bbbb!", 5), GRAMMAR_STEP_DONE);
+    grammar_free(gm);
+
+    gm = make("root ::= (\"a\"{0,1000} \"b\"){5} \"!\"");
+    at = grammar_mark(gm);
+    for (int blk = 0; blk < 5; blk++) {
+        for (int i = 0; i < 1000; i++) assert_int_equal(grammar_accept_bytes(gm, "a", 1), GRAMMAR_STEP_OK);
+        if (blk < 4) assert_int_equal(grammar_accept_bytes(gm, "b", 1), GRAMMAR_STEP_OK);
+    }
+    assert_true(grammar_n_states(gm) > 5000);
+    assert_int_equal(grammar_n_compactions(gm), 0);
+    grammar_rewind(gm, at);
+    assert_int_equal(grammar_accept_bytes(gm, "b", 1), GRAMMAR_STEP_OK);  // block 1 of 0 a's
+    assert_int_equal(grammar_n_compactions(gm), 1);
+    assert_int_equal(grammar_accept_bytes(gm, "bbbb!", 5), GRAMMAR_STEP_DONE);
+    grammar_free(gm);
+}
+
 static void test_grammar_compaction_keeps_language(void **state) {
     (void)state;
     // 5 x 1001 distinct states along the way: more than the 4096 transition
@@ -630,6 +665,7 @@ int main(void) {
         cmocka_unit_test(test_grammar_compaction_keeps_language),
         cmocka_unit_test(test_grammar_ambiguous_masks_are_bounded_and_sound),
         cmocka_unit_test(test_grammar_growing_stacks_are_bounded),
+        cmocka_unit_test(test_grammar_mark_and_rewind),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

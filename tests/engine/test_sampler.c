@@ -763,9 +763,11 @@ static void test_sampler_allowed_mask(void **state) {
  * double-precision pipeline above (ref_truncate), a chi-square bound on the
  * tokens against p, and a binomial bound (5 sd) on the acceptance. Also a
  * point-mass draft outside p's support (always rejected: the tokens are
- * still p's) and a mask (p is the masked distribution). */
+ * still p's) and a mask: allow for p (the grammar's, at verification), qallow
+ * for q (the same grammar's, at drafting; NULL: q unmasked). */
 static void check_draft_rule(const struct sampler_params *p, const float *lp, const float *lq,
-                             int32_t n, const uint64_t *allow, int32_t n_draws) {
+                             int32_t n, const uint64_t *allow, const uint64_t *qallow,
+                             int32_t n_draws) {
     struct sampler *s = sampler_create(p, n);
     struct sampler_scratch *sc = sampler_scratch_create(n);
     double *adj = malloc((size_t)n * sizeof(*adj));
@@ -776,13 +778,14 @@ static void check_draft_rule(const struct sampler_params *p, const float *lp, co
     for (int32_t i = 0; i < n; i++)
         adj[i] = allow && !((allow[i / 64] >> (i % 64)) & 1) ? -INFINITY : lp[i];
     ref_truncate(adj, n, p, want_p);
-    for (int32_t i = 0; i < n; i++) adj[i] = lq[i];
+    for (int32_t i = 0; i < n; i++)
+        adj[i] = qallow && !((qallow[i / 64] >> (i % 64)) & 1) ? -INFINITY : lq[i];
     ref_truncate(adj, n, p, want_q);
     double overlap = 0.0;
     for (int32_t i = 0; i < n; i++) overlap += want_p[i] < want_q[i] ? want_p[i] : want_q[i];
     int32_t n_kept = 0;
     for (int32_t d = 0; d < n_draws; d++) {
-        int32_t x = sampler_draft(s, sc, lq, q);
+        int32_t x = sampler_draft(s, sc, lq, qallow, q);
         if (d == 0) {
             for (int32_t i = 0; i < n; i++) assert_true(fabs(q[i] - want_q[i]) < 1e-5);
         }
@@ -831,19 +834,22 @@ static void test_sampler_draft_rule_keeps_the_distribution(void **state) {
     // Seeded so that the test is deterministic; the server drafts this way only for
     // unseeded sequences, which the rule does not tell apart.
     struct sampler_params p = seeded(11);
-    check_draft_rule(&p, lp, lq, N, NULL, 100000);      // dense
+    check_draft_rule(&p, lp, lq, N, NULL, NULL, 100000);      // dense
     p.temperature = 0.7f;
     p.top_k = 12;
-    check_draft_rule(&p, lp, lq, N, NULL, 100000);      // sparse: q has mass outside p
+    check_draft_rule(&p, lp, lq, N, NULL, NULL, 100000);      // sparse: q has mass outside p
     p.top_k = 0;
     p.top_p = 0.9f;
     p.min_p = 0.02f;
-    check_draft_rule(&p, lp, lq, N, NULL, 100000);
-    uint64_t allow[1] = {0x0000f0f0f0f0f0f0ull};  // a grammar's mask: p is masked, q is not
+    check_draft_rule(&p, lp, lq, N, NULL, NULL, 100000);
+    uint64_t allow[1] = {0x0000f0f0f0f0f0f0ull};  // a grammar's mask on p; on q, or not
     p = seeded(12);
-    check_draft_rule(&p, lp, lq, N, allow, 100000);
-    // A draft of the model itself: q = p, so every draft is kept.
-    check_draft_rule(&p, lp, lp, N, NULL, 20000);
+    check_draft_rule(&p, lp, lq, N, allow, NULL, 100000);
+    check_draft_rule(&p, lp, lq, N, allow, allow, 100000);  // q masked as p is
+    // A draft of the model itself: q = p, so every draft is kept; under a grammar,
+    // only when q is masked as p is (unmasked, q has mass p has not).
+    check_draft_rule(&p, lp, lp, N, NULL, NULL, 20000);
+    check_draft_rule(&p, lp, lp, N, allow, allow, 20000);
     // Which sequences draft this way: only those without a seed that sample.
     struct sampler_params cases[3] = {sampler_default_params(), sampler_default_params(),
                                       seeded(7)};

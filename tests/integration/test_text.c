@@ -131,15 +131,20 @@ static int group_teardown(void **state) {
     return 0;
 }
 
-static json_t *post_json(const char *path, const char *body) {
+/* POSTs body to path on the server at port; the reply, which must be a 200. */
+static json_t *post_json_to(int port, const char *path, const char *body) {
     struct httptest_resp r;
-    int st = httptest_request(srv.port, "POST", path, NULL, body, &r);
+    int st = httptest_request(port, "POST", path, NULL, body, &r);
     if (st != 200) fail_msg("POST %s %s: %d %s", path, body, st, r.body);
     json_error_t je;
     json_t *o = json_loads(r.body, JSON_ALLOW_NUL, &je);
     if (!o) fail_msg("not JSON: %s", r.body);
     httptest_resp_free(&r);
     return o;
+}
+
+static json_t *post_json(const char *path, const char *body) {
+    return post_json_to(srv.port, path, body);
 }
 
 static const char *choice_str(json_t *o, const char *key) {
@@ -335,6 +340,75 @@ static void test_text_draft_model_changes_no_text(void **state) {
     assert_true(draft_total == 51);
     assert_true(kv_total + draft_total <= 102);
     assert_true(httptest_metric(m.body, "llmserve_draft_kv_blocks_used") == 0);
+    httptest_resp_free(&m);
+    httptest_stop(&s2, SIGTERM);
+}
+
+/* Constrained requests (a JSON object, response_format) on a server
+ * drafting with stories260K for itself: a draft token must be one the
+ * grammar allows after the draft's earlier tokens, so every draft is kept,
+ * greedy (the masked argmax is the model's own greedy choice) and sampled
+ * without a seed (q is then the model's p, mask and all: min(1, p/q) = 1).
+ * Drafted without the grammar, the draft model's first choice is ordinary
+ * story text, which a JSON object refuses, and the drafts were rejected.
+ * The greedy text is the one of the server without drafts; so is that of
+ * prompt lookup (--draft-n alone), whose drafts are cut before the first
+ * token the grammar refuses (each tried on the grammar, then rewound). */
+static void test_text_draft_model_under_a_grammar(void **state) {
+    (void)state;
+    shared_or_skip();
+    struct httptest_server s2;
+    char flags[4096];
+    snprintf(flags, sizeof(flags), "--draft-model %s --draft-n 4", model_path());
+    httptest_start(&s2, model_path(), flags);
+    for (int i = 0; i < 4; i++) {
+        char body[512];
+        snprintf(body, sizeof(body),
+                 "{\"prompt\": \"Once upon a time\", \"max_tokens\": 48, %s"
+                 "\"response_format\": {\"type\": \"json_object\"}}",
+                 i == 0 ? "\"temperature\": 0, " : "");
+        struct httptest_resp r;
+        assert_int_equal(httptest_request(s2.port, "POST", "/v1/completions", NULL, body, &r),
+                         200);
+        json_t *o = json_loads(r.body, JSON_ALLOW_NUL, NULL);
+        assert_non_null(o);
+        const char *text = choice_str(o, "text");
+        assert_true(text[0] == '{');  // the grammar's first byte
+        if (i == 0) {
+            json_t *plain = post_json("/v1/completions", body);
+            assert_string_equal(text, choice_str(plain, "text"));
+            json_decref(plain);
+        }
+        json_decref(o);
+        httptest_resp_free(&r);
+    }
+    struct httptest_resp m;
+    assert_int_equal(httptest_request(s2.port, "GET", "/metrics", NULL, NULL, &m), 200);
+    double drafted = httptest_metric(m.body, "llmserve_draft_tokens_total");
+    double accepted = httptest_metric(m.body, "llmserve_draft_accepted_tokens_total");
+    print_message("under a grammar: %.0f of %.0f draft tokens accepted\n", accepted, drafted);
+    assert_true(drafted > 0);
+    assert_true(accepted == drafted);
+    httptest_resp_free(&m);
+    httptest_stop(&s2, SIGTERM);
+
+    httptest_start(&s2, model_path(), "--draft-n 4");
+    const char *body = "{\"prompt\": \"{\\\"name\\\": \\\"Lily\\\", \\\"friend\\\": \\\"Tom\\\", "
+                       "\\\"name\\\": \\\"Lily\\\", \\\"friend\\\": \\\"Tom\\\"}\", "
+                       "\"max_tokens\": 64, \"temperature\": 0, "
+                       "\"response_format\": {\"type\": \"json_object\"}}";
+    json_t *plain = post_json("/v1/completions", body);
+    for (int i = 0; i < 2; i++) {  // the second with its prompt's blocks cached
+        json_t *o = post_json_to(s2.port, "/v1/completions", body);
+        assert_string_equal(choice_str(o, "text"), choice_str(plain, "text"));
+        json_decref(o);
+    }
+    json_decref(plain);
+    assert_int_equal(httptest_request(s2.port, "GET", "/metrics", NULL, NULL, &m), 200);
+    drafted = httptest_metric(m.body, "llmserve_draft_tokens_total");
+    accepted = httptest_metric(m.body, "llmserve_draft_accepted_tokens_total");
+    print_message("prompt lookup under a grammar: %.0f of %.0f accepted\n", accepted, drafted);
+    assert_true(drafted > 0);
     httptest_resp_free(&m);
     httptest_stop(&s2, SIGTERM);
 }
@@ -626,6 +700,7 @@ int main(void) {
     const struct CMUnitTest http[] = {
         cmocka_unit_test(test_text_completions_plain_and_streamed),
         cmocka_unit_test(test_text_draft_model_changes_no_text),
+        cmocka_unit_test(test_text_draft_model_under_a_grammar),
         cmocka_unit_test(test_text_the_cat_keeps_its_space),
         cmocka_unit_test(test_text_bos_only_prompt_starts_the_text),
         cmocka_unit_test(test_text_echo_and_logprobs),
