@@ -156,6 +156,14 @@ static const char *choice_str(json_t *o, const char *key) {
 
 /* A streamed request's text from the server at port: every chunk's
  * choices[0].text (or, for chat, delta.content) joined, in order. Malloc'd. */
+/* The draft counters of the server at port (/metrics): accepted, and drafted
+ * into *drafted; the whole page into *m, for more (httptest_resp_free). */
+static double draft_counts(int port, double *drafted, struct httptest_resp *m) {
+    assert_int_equal(httptest_request(port, "GET", "/metrics", NULL, NULL, m), 200);
+    *drafted = httptest_metric(m->body, "llmserve_draft_tokens_total");
+    return httptest_metric(m->body, "llmserve_draft_accepted_tokens_total");
+}
+
 static char *post_stream_to(int port, const char *path, const char *body, bool chat) {
     struct httptest_resp r;
     int st = httptest_request(port, "POST", path, NULL, body, &r);
@@ -327,9 +335,8 @@ static void test_text_draft_model_changes_no_text(void **state) {
         }
     }
     struct httptest_resp m;
-    assert_int_equal(httptest_request(s2.port, "GET", "/metrics", NULL, NULL, &m), 200);
-    double drafted = httptest_metric(m.body, "llmserve_draft_tokens_total");
-    double accepted = httptest_metric(m.body, "llmserve_draft_accepted_tokens_total");
+    double drafted = 0.0;
+    double accepted = draft_counts(s2.port, &drafted, &m);
     print_message("draft model: %.0f of %.0f draft tokens accepted\n", accepted, drafted);
     assert_true(drafted > 0);
     assert_true(accepted == drafted);
@@ -367,11 +374,7 @@ static void test_text_draft_model_under_a_grammar(void **state) {
                  "{\"prompt\": \"Once upon a time\", \"max_tokens\": 48, %s"
                  "\"response_format\": {\"type\": \"json_object\"}}",
                  i == 0 ? "\"temperature\": 0, " : "");
-        struct httptest_resp r;
-        assert_int_equal(httptest_request(s2.port, "POST", "/v1/completions", NULL, body, &r),
-                         200);
-        json_t *o = json_loads(r.body, JSON_ALLOW_NUL, NULL);
-        assert_non_null(o);
+        json_t *o = post_json_to(s2.port, "/v1/completions", body);
         const char *text = choice_str(o, "text");
         assert_true(text[0] == '{');  // the grammar's first byte
         if (i == 0) {
@@ -380,12 +383,10 @@ static void test_text_draft_model_under_a_grammar(void **state) {
             json_decref(plain);
         }
         json_decref(o);
-        httptest_resp_free(&r);
     }
     struct httptest_resp m;
-    assert_int_equal(httptest_request(s2.port, "GET", "/metrics", NULL, NULL, &m), 200);
-    double drafted = httptest_metric(m.body, "llmserve_draft_tokens_total");
-    double accepted = httptest_metric(m.body, "llmserve_draft_accepted_tokens_total");
+    double drafted = 0.0;
+    double accepted = draft_counts(s2.port, &drafted, &m);
     print_message("under a grammar: %.0f of %.0f draft tokens accepted\n", accepted, drafted);
     assert_true(drafted > 0);
     assert_true(accepted == drafted);
@@ -404,9 +405,7 @@ static void test_text_draft_model_under_a_grammar(void **state) {
         json_decref(o);
     }
     json_decref(plain);
-    assert_int_equal(httptest_request(s2.port, "GET", "/metrics", NULL, NULL, &m), 200);
-    drafted = httptest_metric(m.body, "llmserve_draft_tokens_total");
-    accepted = httptest_metric(m.body, "llmserve_draft_accepted_tokens_total");
+    accepted = draft_counts(s2.port, &drafted, &m);
     print_message("prompt lookup under a grammar: %.0f of %.0f accepted\n", accepted, drafted);
     assert_true(drafted > 0);
     httptest_resp_free(&m);
