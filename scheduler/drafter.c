@@ -165,8 +165,9 @@ static bool mask_row(struct drafter *d, const struct drafter_job *job) {
 
 /* The job's next draft token from logits row `row`, among the ids both
  * vocabularies have and, for a constrained sequence, that its grammar allows
- * next (the grammar then advances by it: the caller rewinds it after the
- * proposal): greedy, or drawn from the sequence's sampling distribution over
+ * next (the grammar then advances by it, and a sampled draft's token goes
+ * into the sampler's history: the caller rewinds both after the proposal):
+ * greedy, or drawn from the sequence's sampling distribution over
  * the row under that mask (written to the job's q). -1: none allowed. */
 static int32_t draft_token(struct drafter *d, const struct drafter_job *job, const float *logits,
                            int32_t row) {
@@ -181,6 +182,8 @@ static int32_t draft_token(struct drafter *d, const struct drafter_job *job, con
                              : sampler_argmax(d->row, d->p.n_vocab);
     if (job->grammar && grammar_accept_token(job->grammar, job->gvocab, t) == GRAMMAR_STEP_REJECT)
         return -1;  // cannot be (t was allowed); no draft rather than a wrong one
+    // The next draft token's q sees this one in the history (penalties), as p will.
+    if (job->q) sampler_accept(job->sq->sampler, t, false);
     return t;
 }
 
@@ -269,8 +272,10 @@ int drafter_propose(struct drafter *d, struct drafter_job *jobs, int32_t n,
         if (!reserve(d, job->sq, job->sq->n_tokens + job->room - 1, queues, n_queues, jobs, n))
             job->room = 0;
     }
-    for (int32_t j = 0; j < n; j++)
+    for (int32_t j = 0; j < n; j++) {
         if (jobs[j].grammar) jobs[j].grammar_at = grammar_mark(jobs[j].grammar);
+        if (jobs[j].q) jobs[j].sampler_at = sampler_mark(jobs[j].sq->sampler);
+    }
     int err = feed(d, jobs, n);
     for (int32_t step = 1; !err; step++) {
         int32_t n_tok = 0, n_seqs = 0;
@@ -297,8 +302,10 @@ int drafter_propose(struct drafter *d, struct drafter_job *jobs, int32_t n,
             if (t >= 0) job->out[job->k++] = t;  // else its grammar allows nothing: it ends here
         }
     }
-    for (int32_t j = 0; j < n; j++)  // the grammars as they were: drafts are only guesses
+    for (int32_t j = 0; j < n; j++) {  // grammars and histories as they were: drafts are guesses
         if (jobs[j].grammar) grammar_rewind(jobs[j].grammar, jobs[j].grammar_at);
+        if (jobs[j].q) sampler_rewind(jobs[j].sq->sampler, jobs[j].sampler_at);
+    }
     if (err) {
         LOG_ERROR("draft model forward pass failed: %s; no drafts this step", err_str(err));
         for (int32_t j = 0; j < n; j++) {

@@ -64,13 +64,14 @@ struct drafter_job {
     float *q;       // NULL: greedy drafts; else [room][n_vocab]: draft token i is drawn
                     //    with sq's sampler from the distribution written to q[i]
                     //    (sampler_draft: the sequence's pipeline over the draft's row,
-                    //    with its history as of the step: the draft's own earlier
-                    //    tokens are not in it, so penalties lower acceptance)
+                    //    its history holding the draft's tokens before i, as the
+                    //    model's p will at verification; rewound after)
     struct grammar *grammar;             // NULL: free; else the sequence's (constrained
     const struct grammar_vocab *gvocab;  //    now): each draft token is one its grammar allows
                                          //    after the draft's earlier ones (q masked so);
                                          //    advanced over the draft, then rewound
     int32_t grammar_at;                  // drafter_propose's: the grammar's mark
+    int32_t sampler_at;                  // drafter_propose's: the sampler's (with q)
     int32_t k;
     int32_t n_fed;
 };

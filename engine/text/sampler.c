@@ -309,6 +309,27 @@ void sampler_accept(struct sampler *s, int32_t token, bool is_prompt) {
     }
 }
 
+/* Takes back one occurrence of token, the newest token recorded: an entry
+ * whose count falls to 0 is then the last of counts, and no entry after it
+ * (none are left) probed past its slot, so the slot may simply be freed. */
+static void counts_remove_newest(struct sampler *s, int32_t token) {
+    uint32_t mask = (uint32_t)s->cap_counts - 1;
+    uint32_t h = hash_token(token) & mask;
+    while (s->counts[s->slots[h]].token != token) h = (h + 1) & mask;  // it is there
+    struct sampler_count *c = &s->counts[s->slots[h]];
+    if (--c->n > 0) return;
+    ASSERT(s->slots[h] == s->n_counts - 1);
+    s->n_counts--;
+    s->slots[h] = -1;
+}
+
+int32_t sampler_mark(const struct sampler *s) { return s->n_gen; }
+
+void sampler_rewind(struct sampler *s, int32_t mark) {
+    ASSERT(mark >= 0 && mark <= s->n_gen);
+    while (s->n_gen > mark) counts_remove_newest(s, s->gen[--s->n_gen]);
+}
+
 int32_t sampler_n_prompt(const struct sampler *s) { return s->n_prompt; }
 int32_t sampler_n_generated(const struct sampler *s) { return s->n_gen; }
 

@@ -94,6 +94,15 @@ void sampler_scratch_free(struct sampler_scratch *sc);  // NULL-safe
  * is_prompt true, then every sampled token (sampler_sample records it itself). */
 void sampler_accept(struct sampler *s, int32_t token, bool is_prompt);
 
+/* A trial of generated tokens (a sampled draft's: each draft token's
+ * distribution must see the draft's tokens before it, as the model's will
+ * at verification): sampler_mark() returns the number of generated tokens
+ * recorded, and sampler_rewind(s, mark) takes back every generated token
+ * recorded since, newest first, leaving the history as it was. The RNG is
+ * not rewound. [the sequence's thread] */
+int32_t sampler_mark(const struct sampler *s);
+void sampler_rewind(struct sampler *s, int32_t mark);
+
 struct sampler_logprob {
     int32_t token;
     float logprob;

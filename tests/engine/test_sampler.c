@@ -861,6 +861,58 @@ static void test_sampler_draft_rule_keeps_the_distribution(void **state) {
     }
 }
 
+/* sampler_mark / sampler_rewind (a sampled draft's tokens, tried in the
+ * history). Oracles: during the trial, the distribution is that of a second
+ * sampler given the same history by sampler_accept alone; after the rewind,
+ * it is the one from before the trial, bit for bit, and the history checks
+ * (sampler_check). The trial's 80 tokens over 50 ids (repeats of ids seen
+ * before it and new ones) pass the count table's first growth (32 ids). */
+static void test_sampler_mark_and_rewind(void **state) {
+    (void)state;
+    enum { N = 64 };
+    float l[N], before[N], now[N], want[N];
+    fill_logits(l, N, 303, 1.0);
+    struct sampler_params p = seeded(21);
+    p.presence_penalty = 0.7f;
+    p.frequency_penalty = 0.4f;
+    p.repetition_penalty = 1.3f;
+    struct sampler *s = sampler_create(&p, N);
+    struct sampler *ref = sampler_create(&p, N);
+    struct sampler_scratch *sc = sampler_scratch_create(N);
+    for (int32_t i = 0; i < 10; i++) {
+        sampler_accept(s, i, true);
+        sampler_accept(ref, i, true);
+    }
+    for (int32_t i = 0; i < 20; i++) {
+        sampler_accept(s, (i * 7) % 12, false);
+        sampler_accept(ref, (i * 7) % 12, false);
+    }
+    sampler_probs(s, sc, l, before);
+    const int32_t at = sampler_mark(s);
+    assert_int_equal(at, 20);
+    for (int32_t i = 0; i < 80; i++) {
+        const int32_t t = (i * 13) % 50;
+        sampler_accept(s, t, false);
+        sampler_accept(ref, t, false);
+        if (i % 20 == 19) {
+            sampler_probs(s, sc, l, now);
+            sampler_probs(ref, sc, l, want);
+            assert_memory_equal(now, want, sizeof(now));
+        }
+    }
+    assert_true(sampler_check(s));
+    sampler_rewind(s, at);
+    assert_int_equal(sampler_n_generated(s), 20);
+    assert_true(sampler_check(s));
+    sampler_probs(s, sc, l, now);
+    assert_memory_equal(now, before, sizeof(now));
+    sampler_rewind(s, at);  // nothing to take back
+    assert_true(sampler_check(s));
+    sampler_scratch_free(sc);
+    sampler_free(ref);
+    sampler_free(s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sampler_validate_names_the_field),
@@ -878,6 +930,7 @@ int main(void) {
         cmocka_unit_test(test_sampler_history_invariant),
         cmocka_unit_test(test_sampler_allowed_mask),
         cmocka_unit_test(test_sampler_draft_rule_keeps_the_distribution),
+        cmocka_unit_test(test_sampler_mark_and_rewind),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -475,22 +475,28 @@ static void test_batch_draft_model_exact(void **state) {
 
     // Sampling without a seed drafts by sampling (the rejection rule against the
     // draft's distribution q): drafting for itself, q is the model's own p, so every
-    // draft is kept (p / q = 1); with a seed, drafts stay greedy and are kept only
-    // where the sample is the top token. No token oracle without a seed: each
-    // line must still give 1..max_tokens tokens.
+    // draft is kept (p / q = 1: with penalties too, since each draft token's q sees
+    // the draft's tokens before it in the history, as p does at verification); with
+    // a seed, drafts stay greedy and are kept only where the sample is the top
+    // token. No token oracle without a seed: each line must still give
+    // 1..max_tokens tokens.
     static const char *const unseeded[] = {
         "{\"prompt\": \"Tom had a red ball. Tom had a red\", \"max_tokens\": 60, "
         "\"temperature\": 0.8}",
         "{\"prompt\": \"The cat sat on the mat. The cat\", \"max_tokens\": 40, "
         "\"temperature\": 1.0, \"top_k\": 20}",
         "{\"prompt\": \"Once upon a time\", \"max_tokens\": 60, \"top_p\": 0.9}",
+        "{\"prompt\": \"Tom had a red ball. Tom had a red\", \"max_tokens\": 60, "
+        "\"temperature\": 0.9, \"presence_penalty\": 0.6, \"frequency_penalty\": 0.5, "
+        "\"repetition_penalty\": 1.2}",
     };
-    const int max_tokens[] = {60, 40, 60};
+    enum { N_UNSEEDED = sizeof(unseeded) / sizeof(unseeded[0]) };
+    const int max_tokens[N_UNSEEDED] = {60, 40, 60, 60};
     for (int seeded = 0; seeded < 2; seeded++) {
         const char *path = testutil_path(testutil_build_dir(), "tests/spec-unseeded.jsonl");
         FILE *f = fopen(path, "w");
         assert_non_null(f);
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < N_UNSEEDED; i++) {
             const size_t n = strlen(unseeded[i]);
             fprintf(f, "%.*s%s}\n", (int)(n - 1), unseeded[i], seeded ? ", \"seed\": 5" : "");
         }
@@ -505,7 +511,7 @@ static void test_batch_draft_model_exact(void **state) {
         } else {
             assert_int_equal(accepted, drafted);
         }
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < N_UNSEEDED; i++) {
             assert_true(json_is_array(got[i]));
             assert_true(json_array_size(got[i]) >= 1 &&
                         json_array_size(got[i]) <= (size_t)max_tokens[i]);

@@ -44,6 +44,7 @@ struct req_spec {
     float temperature;
     uint64_t seed;
     bool is_unseeded;  // sampled from the OS's entropy: no token oracle
+    float frequency_penalty;
     bool ignore_eos;
     int32_t arrival_step;
 };
@@ -86,6 +87,7 @@ static int submit(struct scheduler *s, const struct req_spec *r, uint64_t *id, s
     q.sampling.temperature = r->temperature;
     q.sampling.seed = r->seed;
     q.sampling.has_seed = !r->is_unseeded;
+    q.sampling.frequency_penalty = r->frequency_penalty;
     q.ignore_eos = r->ignore_eos;
     return scheduler_submit(s, &q, id, c);
 }
@@ -456,16 +458,21 @@ static void check_draft(uint64_t seed, const struct engine_model *m, const struc
     assert_int_equal(fake_engine_n_errors(draft), 0);
 }
 
-/* The requests of check_config sampled without a seed at temperature 0.8,
- * drafted for by draft: no token oracle, so each request must end as asked
- * (max_tokens reached, or eos where eos is allowed) with nothing leaked. */
+/* The requests of check_config sampled without a seed at temperature 0.8
+ * (and a frequency penalty), drafted for by draft: no token oracle, so each
+ * request must end as asked (max_tokens reached, or eos where eos is
+ * allowed) with nothing leaked. */
 static void check_draft_unseeded(uint64_t seed, const struct engine_model *m,
                                  const struct engine_model *draft, int32_t n_blocks,
-                                 struct scheduler_stats *st) {
+                                 float frequency_penalty, struct scheduler_stats *st) {
     struct req_spec reqs[40];
     struct result got[40];
     make_reqs(seed, reqs, 40, 30);
-    for (int i = 0; i < 40; i++) reqs[i].temperature = 0.8f, reqs[i].is_unseeded = true;
+    for (int i = 0; i < 40; i++) {
+        reqs[i].temperature = 0.8f;
+        reqs[i].is_unseeded = true;
+        reqs[i].frequency_penalty = frequency_penalty;
+    }
     struct scheduler_params p = params(n_blocks, 512, true);
     p.max_seqs = 4;
     p.draft_model = draft;
@@ -509,14 +516,19 @@ static void test_scheduler_fake_draft_model(void **state) {
         assert_true(st.n_draft_tokens > 100);
         assert_true(st.n_draft_accepted * 8 < st.n_draft_tokens);
         // Unseeded sampling: sampled drafts of the same model are all kept.
-        check_draft_unseeded(seed, m, same, 512, &st);
+        check_draft_unseeded(seed, m, same, 512, 0.0f, &st);
         assert_true(st.n_draft_tokens > 100);
         assert_int_equal(st.n_draft_accepted, st.n_draft_tokens);
-        check_draft_unseeded(seed, m, other, 512, &st);
+        // With a penalty too: each draft token's q has the draft's earlier tokens
+        // in its history, as the model's p has them at verification.
+        check_draft_unseeded(seed, m, same, 512, 2.0f, &st);
+        assert_true(st.n_draft_tokens > 100);
+        assert_int_equal(st.n_draft_accepted, st.n_draft_tokens);
+        check_draft_unseeded(seed, m, other, 512, 0.0f, &st);
         assert_true(st.n_draft_accepted < st.n_draft_tokens);
         // A main pool that preempts: a sampled draft's room is reserved before it
         // is drawn (or it does not draft) and what it did not use goes back.
-        check_draft_unseeded(seed, m, same, 11, &st);
+        check_draft_unseeded(seed, m, same, 11, 0.0f, &st);
         assert_true(st.n_draft_tokens > 0);
         assert_int_equal(st.n_blocks_used, 0);
     }
