@@ -34,6 +34,7 @@
 #include "engine/base/log.h"
 #include "engine/base/progress.h"
 #include "engine/engine.h"
+#include "engine/text/gbnf.h"
 #include "scheduler/scheduler.h"
 #include "server/cmd.h"
 #include "server/draft_model.h"
@@ -74,7 +75,8 @@ static void batch_usage(FILE *fp) {
             "      --prompts FILE         JSON lines: prompt (string or token ids), max_tokens (16),\n"
             "                             temperature (1.0; 0 = greedy), top_p, top_k, min_p, seed,\n"
             "                             stop, presence_penalty, frequency_penalty,\n"
-            "                             repetition_penalty, ignore_eos\n"
+            "                             repetition_penalty, ignore_eos, grammar (GBNF),\n"
+            "                             response_format (json_object, json_schema)\n"
             "      --arrival-ms N         submit requests N ms apart (default 0)\n"
             "      --kv-memory MIB        KV cache budget in MiB (default 256)\n"
             "      --kv-blocks N          KV cache size in blocks (overrides --kv-memory)\n"
@@ -207,6 +209,9 @@ static void parse_line(const struct tokenizer *tok, int32_t n_vocab, const struc
     } else if (stop && !json_is_null(stop)) {
         snprintf(l->error, sizeof(l->error), "stop: a string or an array of strings");
     }
+    struct openai_error ge;
+    if (!l->error[0] && openai_parse_grammar(o, &l->req.grammar, &ge))
+        snprintf(l->error, sizeof(l->error), "%s: %.200s", ge.param ? ge.param : "grammar", ge.message);
     l->req.stop = (const char *const *)l->stops;
     l->req.n_stop = n_stop;
     l->req.prompt = l->prompt;
@@ -584,6 +589,7 @@ int cmd_batch(int argc, char **argv) {
         channel_release(lines[i].channel);
         free(lines[i].prompt);
         for (int32_t k = 0; k < BATCH_MAX_STOPS; k++) free(lines[i].stops[k]);
+        gbnf_release(lines[i].req.grammar);
     }
     fflush(stdout);
     fprintf(stderr,

@@ -802,6 +802,15 @@ static int parse_structured(json_t *root, struct openai_request *r, struct opena
     return err;
 }
 
+int openai_parse_grammar(struct json_t *root, struct gbnf **out, struct openai_error *e) {
+    struct openai_request r = {0};
+    memset(e, 0, sizeof(*e));
+    int err = parse_structured(root, &r, e);
+    *out = err ? NULL : r.grammar;
+    if (err) gbnf_release(r.grammar);
+    return err;
+}
+
 int openai_parse(enum openai_route route, const char *body, size_t len, int32_t n_vocab,
                  struct openai_request *out, struct openai_error *e) {
     memset(out, 0, sizeof(*out));

@@ -22,6 +22,9 @@
 #include "engine/engine.h"
 #include "engine/text/stop.h"
 
+struct gbnf;
+struct json_t;
+
 #define OPENAI_MAX_N 16          // choices per prompt
 #define OPENAI_MAX_PROMPTS 64    // prompts in one completion request
 #define OPENAI_MAX_CHOICES 64    // prompts * n
@@ -132,6 +135,12 @@ int openai_parse(enum openai_route route, const char *body, size_t len, int32_t 
 
 /* Frees what r owns and zeroes it. Safe on a zeroed request. */
 void openai_request_deinit(struct openai_request *r);
+
+/* The grammar of an object's `response_format` and `grammar` fields, read
+ * and compiled as openai_parse() reads them (for `llmserve batch`'s lines):
+ * 0 with *out a reference the caller releases (gbnf_release), NULL when
+ * there is none; else ERR_INVAL or ERR_NOMEM with e filled. */
+int openai_parse_grammar(struct json_t *root, struct gbnf **out, struct openai_error *e);
 
 /* What openai_prepare() needs of the served model. */
 struct openai_model {

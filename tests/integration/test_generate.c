@@ -297,6 +297,52 @@ static void test_generate_kv_types(void **state) {
 
 /* batch --ctx: a line beyond the context gets an error line naming the
  * sizes, the others run; --kv-type is checked. */
+/* batch lines take a grammar as the routes do (`grammar`, `response_format`):
+ * each text is a sentence of its grammar (hand-derived: "yes!" or "no!",
+ * ending with finish "stop"; a JSON object starts with '{'), and a bad
+ * grammar is that line's error, naming what is wrong, the others served. */
+static void test_batch_grammar(void **state) {
+    (void)state;
+    char path[4096], cmd[8192], out[16384];
+    snprintf(path, sizeof(path), "%s/test_batch_grammar.jsonl", testutil_build_dir());
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    for (int seed = 1; seed <= 4; seed++)
+        fprintf(f, "{\"prompt\":[5,6,7],\"grammar\":\"root ::= (\\\"yes\\\" | \\\"no\\\") "
+                   "\\\"!\\\"\",\"seed\":%d}\n", seed);
+    fputs("{\"prompt\":[5,6,7],\"grammar\":\"root ::= valu\"}\n"
+          "{\"prompt\":[5,6,7],\"max_tokens\":12,\"temperature\":0,"
+          "\"response_format\":{\"type\":\"json_object\"}}\n", f);
+    fclose(f);
+    const char *m = testutil_path(testutil_build_dir(), "tests/models/llama-f32.gguf");
+    snprintf(cmd, sizeof(cmd), "%s batch -m %s --prompts %s -t 1 2>/dev/null", bin(), m, path);
+    assert_int_equal(run(cmd, out, sizeof(out)), 0);
+    int n_lines = 0;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"), n_lines++) {
+        json_t *j = json_loads(line, JSON_ALLOW_NUL, NULL);
+        assert_non_null(j);
+        const int idx = (int)json_integer_value(json_object_get(j, "index"));
+        const char *text = json_string_value(json_object_get(j, "text"));
+        const char *finish = json_string_value(json_object_get(j, "finish_reason"));
+        if (idx < 4) {
+            assert_non_null(text);
+            if (strcmp(text, "yes!") != 0 && strcmp(text, "no!") != 0)
+                fail_msg("line %d: '%s' is not in the grammar's language", idx, text);
+            assert_string_equal(finish, "stop");
+        } else if (idx == 4) {
+            const char *e = json_string_value(json_object_get(j, "error"));
+            assert_non_null(e);
+            assert_non_null(strstr(e, "unknown rule 'valu'"));
+        } else {
+            assert_non_null(text);
+            assert_int_equal(text[0], '{');
+        }
+        json_decref(j);
+    }
+    assert_int_equal(n_lines, 6);
+    remove(path);
+}
+
 static void test_batch_ctx_limit_and_kv_type(void **state) {
     (void)state;
     char path[4096], cmd[8192], out[8192];
@@ -566,6 +612,7 @@ int main(void) {
         cmocka_unit_test(test_generate_rejects_bad_text),
         cmocka_unit_test(test_generate_ctx_limit),
         cmocka_unit_test(test_generate_kv_types),
+        cmocka_unit_test(test_batch_grammar),
         cmocka_unit_test(test_batch_ctx_limit_and_kv_type),
         cmocka_unit_test(test_batch_draft_exact),
         cmocka_unit_test(test_batch_draft_model_exact),
