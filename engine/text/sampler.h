@@ -157,10 +157,11 @@ int32_t sampler_probs_allowed(struct sampler *s, struct sampler_scratch *sc, con
  * sampler_sample_allowed() would draw from for these logits (a draft model's
  * row), the mask allow (NULL: none; the grammar's state after the draft's
  * earlier tokens) and the current history, and draws one token from it with
- * the sequence's RNG; records nothing. sampler_sample_draft(): for the model's logits, whose
- * pipeline distribution (mask and all) is p, keeps draft with probability
- * min(1, p(draft) / q(draft)), or else draws from max(0, p - q)
- * renormalised; records and returns the token, as sampler_sample_allowed().
+ * the sequence's RNG; records nothing. sampler_sample_draft(): for the
+ * model's logits, whose pipeline distribution (mask and all) is p, keeps
+ * draft with probability min(1, p(draft) / q(draft)), or else draws from
+ * max(0, p - q) renormalised; records and returns the token, as
+ * sampler_sample_allowed().
  * When draft was drawn from q, the token is distributed exactly as p: a
  * token other than draft means the draft was rejected. [step thread] */
 int32_t sampler_draft(struct sampler *s, struct sampler_scratch *sc, const float *logits,
