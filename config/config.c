@@ -159,11 +159,6 @@ int config_validate(const struct config *c, char *msg, size_t msg_size) {
         snprintf(msg, msg_size, "--sp %d goes with neither --tp nor --pp", (int)c->sp);
         return ERR_INVAL;
     }
-    if (c->draft_model_path && (c->tp > 1 || c->pp > 1 || c->sp > 1)) {
-        snprintf(msg, msg_size, "--draft-model goes with neither --tp, --pp nor --sp: the "
-                 "draft model runs beside the whole model in one process");
-        return ERR_INVAL;
-    }
     if ((int64_t)c->tp * c->pp > 1024) {
         snprintf(msg, msg_size, "--tp %d x --pp %d is over 1024 ranks", (int)c->tp, (int)c->pp);
         return ERR_INVAL;

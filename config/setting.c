@@ -59,7 +59,7 @@ const struct setting setting_table[] = {
     {"draft-model", 0, "draft_model", SETTING_KIND_STR, OFF(draft_model_path), 0, 0, "FILE",
      "speculative decoding with drafts from FILE, a smaller GGUF model of the same vocabulary "
      "(greedy, or sampled for a request sampling without a seed; tokens as without: the same, "
-     "or of the same distribution); not with --tp, --pp, --sp"},
+     "or of the same distribution); under --tp/--pp/--sp it runs whole on rank 0"},
     {"max-queue", 0, "max_queue", SETTING_KIND_I32, OFF(max_queue), 1, 1 << 20, "N",
      "requests waiting for a slot before 429"},
     {"max-body", 0, "max_body", SETTING_KIND_SIZE, OFF(max_body_bytes), 1024, GIB, "SIZE",

@@ -990,15 +990,14 @@ int scheduler_create(const struct engine_model *model, const struct scheduler_pa
         (p->kv_blocks == 0 && p->kv_memory_mib < 1) || p->n_ctx < 0 ||
         p->kv_type < 0 || p->kv_type >= ENGINE_KV_TYPE_COUNT || p->max_loras < 0 ||
         p->max_loras > SCHEDULER_MAX_LORAS || p->draft_n < 0 || p->draft_n > SCHEDULER_MAX_DRAFT ||
-        p->draft_kv_blocks < 0 || (p->draft_model && p->comm)) {
+        p->draft_kv_blocks < 0) {
         LOG_ERROR("%s: bad params block_size=%d max_seqs=%d max_batch_tokens=%d max_queue=%d "
                   "kv_blocks=%d kv_memory_mib=%d max_loras=%d draft_n=%d draft_kv_blocks=%d "
-                  "draft_model=%s%s", __func__,
+                  "draft_model=%s", __func__,
                   (int)p->block_size, (int)p->max_seqs, (int)p->max_batch_tokens,
                   (int)p->max_queue, (int)p->kv_blocks, (int)p->kv_memory_mib,
                   (int)p->max_loras, (int)p->draft_n, (int)p->draft_kv_blocks,
-                  p->draft_model ? "set" : "none",
-                  p->draft_model && p->comm ? " (not with a comm)" : "");
+                  p->draft_model ? "set" : "none");
         return ERR_INVAL;
     }
     // A draft model's pool comes out of the same KV budget (unless either pool is

@@ -55,7 +55,8 @@ struct scheduler_params {
                                 //    from this model (greedy; scheduler/drafter.h), which
                                 //    must have the model's vocabulary (the caller checks)
                                 //    and outlive the scheduler; draft_n 0 is then
-                                //    SCHEDULER_DRAFT_N_WITH_MODEL
+                                //    SCHEDULER_DRAFT_N_WITH_MODEL. With a comm it runs
+                                //    in this process alone (rank 0), without one
     int32_t draft_kv_blocks;    // the draft model's KV pool incl. the null block; 0: room for
                                 //    SCHEDULER_DRAFT_MAX_DECODES sequences of n_ctx tokens,
                                 //    at most half of kv_memory_mib, taken out of the budget

@@ -183,6 +183,30 @@ static void test_sp_generate_same_ids_as_one_process(void **state) {
                         "396 267 337 410 408 419 292 411 322 265 282 295 433 426\n");
 }
 
+/* A greedy completion of prompt (n tokens) by the server on port is the
+ * single process's: a plain `generate` of model asked here. Returns the
+ * prompt's tokens. */
+static long long check_one_process_text(int port, const char *model, const char *prompt, int n) {
+    char cmd[8192], want[4096];
+    snprintf(cmd, sizeof(cmd), "%s generate -m %s -p '%s' -n %d --temp 0 -t 1 2>/dev/null",
+             httptest_bin(), model, prompt, n);
+    assert_int_equal(run(cmd, want, sizeof(want)), 0);
+    size_t n_want = strlen(want);
+    if (n_want > 0 && want[n_want - 1] == '\n') want[n_want - 1] = '\0';  // generate's own
+    char body[1024];
+    snprintf(body, sizeof(body),
+             "{\"prompt\": \"%s\", \"max_tokens\": %d, \"temperature\": 0}", prompt, n);
+    struct httptest_resp r;
+    assert_int_equal(httptest_request(port, "POST", "/v1/completions", NULL, body, &r), 200);
+    const long long n_prompt = httptest_json_int(r.body, "prompt_tokens", -1);
+    char *text = httptest_json_str(r.body, "text");
+    assert_non_null(text);
+    assert_string_equal(text, want);
+    free(text);
+    httptest_resp_free(&r);
+    return n_prompt;
+}
+
 /* serve --sp 2: the README's greedy completion text of a prompt long enough
  * to be split (the story's first 40 or so tokens as the prompt, then its
  * continuation), and both ranks report. */
@@ -194,27 +218,12 @@ static void test_sp_serve_completion_matches_one_process(void **state) {
     struct httptest_resp r;
     check_readme_completion(s.port);
     // The same text as a prompt of 33 tokens or more (split over the 2 ranks): the one
-    // process's continuation of it, asked of a plain `generate` here.
+    // process's continuation of it.
     const char *longp = "Once upon a time, there was a little girl named Lily. She loved to "
                         "play outside in the park. One day,";
-    char cmd[8192], want[4096];
-    snprintf(cmd, sizeof(cmd), "%s generate -m %s -p '%s' -n 20 --temp 0 -t 1 2>/dev/null",
-             httptest_bin(), model, longp);
-    assert_int_equal(run(cmd, want, sizeof(want)), 0);
-    size_t n_want = strlen(want);
-    if (n_want > 0 && want[n_want - 1] == '\n') want[n_want - 1] = '\0';  // generate's own
-    char body[1024];
-    snprintf(body, sizeof(body),
-             "{\"prompt\": \"%s\", \"max_tokens\": 20, \"temperature\": 0}", longp);
-    assert_int_equal(httptest_request(s.port, "POST", "/v1/completions", NULL, body, &r), 200);
-    const long long n_prompt = httptest_json_int(r.body, "prompt_tokens", -1);
+    const long long n_prompt = check_one_process_text(s.port, model, longp, 20);
     print_message("sp 2: a %lld-token prompt\n", n_prompt);
     assert_true(n_prompt >= 32);
-    char *text = httptest_json_str(r.body, "text");
-    assert_non_null(text);
-    assert_string_equal(text, want);
-    free(text);
-    httptest_resp_free(&r);
     assert_int_equal(httptest_request(s.port, "GET", "/health", NULL, NULL, &r), 200);
     assert_true(httptest_json_int(r.body, "n_ranks", 0) == 2);
     httptest_resp_free(&r);
@@ -620,6 +629,140 @@ static void test_tpxpp_serve_completion_matches_one_process(void **state) {
     httptest_stop(&s, SIGTERM);
 }
 
+/* The draft counters of /metrics once they stand still (a reply can come
+ * before its step has published them: read until two reads 200 ms apart
+ * agree, boundedly). */
+static void draft_counts(int port, double *drafted, double *accepted) {
+    double last = -1.0;
+    for (int i = 0; i < 50; i++) {
+        struct httptest_resp r;
+        assert_int_equal(httptest_request(port, "GET", "/metrics", NULL, NULL, &r), 200);
+        *drafted = httptest_metric(r.body, "llmserve_draft_tokens_total");
+        *accepted = httptest_metric(r.body, "llmserve_draft_accepted_tokens_total");
+        httptest_resp_free(&r);
+        if (*drafted == last) return;
+        last = *drafted;
+        httptest_sleep_ms(200);
+    }
+    fail_msg("the draft counters never stood still");
+}
+
+/* The README's greedy text, n times in one request (n > 1 decodes the
+ * choices side by side, so a step verifies the drafts of each). */
+static void check_readme_choices(int port, int n) {
+    static const char want[] = "\", there was a little girl named Lily. She loved to play "
+                               "outside in the park. One day,\"";
+    char body[256];
+    snprintf(body, sizeof(body),
+             "{\"prompt\": \"Once upon a time\", \"max_tokens\": 30, \"temperature\": 0, "
+             "\"n\": %d}", n);
+    struct httptest_resp r;
+    assert_int_equal(httptest_request(port, "POST", "/v1/completions", NULL, body, &r), 200);
+    int found = 0;
+    for (const char *at = r.body; (at = strstr(at, want)) != NULL; at += sizeof(want) - 1) found++;
+    assert_int_equal(found, n);
+    httptest_resp_free(&r);
+}
+
+/* At SP 2, the first step of check_readme_choices(port, 2) verifies 16
+ * drafts of each choice (the draft length before its costs are measured is
+ * the room: 16 of the 29 tokens left), 34 tokens, so it is split: rank 1
+ * computes 17 of them. By hand (stories260K: 5 layers, 4 KV heads of 8,
+ * 512 tokens), it hands 5 x (K, V) x 17 x 32 floats of its K/V rows and
+ * its 17 rows of 512 logits to the collectives, 4 bytes each; every later
+ * step has 12 tokens or fewer (12 left), whole on each rank, and adds only
+ * its few ints of report. The reports reach rank 0 with a step at most
+ * once a second: one more request after a second, then /metrics. */
+static void check_sp_split_verify(int port) {
+    const double want = (5.0 * 2 * 17 * 32 + 17 * 512) * 4;
+    httptest_sleep_ms(1100);
+    struct httptest_resp r;
+    assert_int_equal(httptest_request(port, "POST", "/v1/completions", NULL,
+                                      "{\"prompt\": \"Lily\", \"max_tokens\": 1}", &r),
+                     200);
+    httptest_resp_free(&r);
+    for (int i = 0; i < 200; i++) {
+        assert_int_equal(httptest_request(port, "GET", "/metrics", NULL, NULL, &r), 200);
+        const double got = httptest_metric(r.body, "llmserve_rank_comm_bytes_total{rank=\"1\"}");
+        const double steps0 = httptest_metric(r.body, "llmserve_rank_steps_total{rank=\"0\"}");
+        const double steps1 = httptest_metric(r.body, "llmserve_rank_steps_total{rank=\"1\"}");
+        httptest_resp_free(&r);
+        if (steps1 == steps0) {
+            print_message("sp 2, rank 1: %.0f bytes to collectives, %.0f by hand + reports\n",
+                          got, want);
+            assert_true(got >= want && got <= want + 1024);
+            return;
+        }
+        httptest_sleep_ms(25);
+    }
+    fail_msg("rank 1's report never caught up with rank 0");
+}
+
+/* Speculative decoding under every split (a draft model on rank 0 beside
+ * the split model, or prompt lookup; the drafts are verified in one step
+ * of the split model): the single process's greedy text. stories260K
+ * drafting for itself gives its own greedy choice at every position, so
+ * every draft is kept (the rejection rule for a point-mass draft equal to
+ * the model's argmax); sampled without a seed, q is p up to the rounding of
+ * the split's sums, so nearly every draft is kept (min(1, p/q)). At SP 2
+ * with --draft-n 16, two choices' step of 2 x 17 tokens is split over the
+ * ranks. Prompt lookup at TP 2 gives the single process's text of a prompt
+ * that repeats itself. */
+static void test_spec_serve_under_every_split(void **state) {
+    (void)state;
+    const char *model = stories_or_skip();
+    static const struct {
+        const char *flags;
+        int n_ranks, n_choices;
+    } k_jobs[] = {
+        {"--tp 2 --draft-model %s", 2, 1},
+        {"--pp 2 --draft-model %s", 2, 1},
+        {"--tp 2 --pp 2 --draft-model %s", 4, 1},
+        {"--sp 2 --draft-model %s --draft-n 16", 2, 2},
+    };
+    for (size_t j = 0; j < sizeof(k_jobs) / sizeof(k_jobs[0]); j++) {
+        char flags[8192];
+        snprintf(flags, sizeof(flags), k_jobs[j].flags, model);
+        struct httptest_server s;
+        start_job(&s, model, k_jobs[j].n_ranks, flags);
+        check_readme_choices(s.port, k_jobs[j].n_choices);
+        double drafted, accepted;
+        draft_counts(s.port, &drafted, &accepted);
+        print_message("%s: %.0f of %.0f drafts kept\n", k_jobs[j].flags, accepted, drafted);
+        assert_true(drafted > 0);
+        assert_true(accepted == drafted);
+        if (j == 0) {
+            struct httptest_resp r;
+            assert_int_equal(httptest_request(s.port, "POST", "/v1/completions", NULL,
+                                              "{\"prompt\": \"Once upon a time\", "
+                                              "\"max_tokens\": 60, \"temperature\": 1}",
+                                              &r),
+                             200);
+            assert_true(httptest_json_int(r.body, "completion_tokens", -1) >= 1);
+            httptest_resp_free(&r);
+            double d2, a2;
+            draft_counts(s.port, &d2, &a2);
+            print_message("sampled: %.0f of %.0f drafts kept\n", a2 - accepted, d2 - drafted);
+            assert_true(d2 > drafted);
+            assert_true(a2 - accepted >= 0.9 * (d2 - drafted));
+        }
+        if (k_jobs[j].n_choices > 1) check_sp_split_verify(s.port);
+        live = NULL;
+        httptest_stop(&s, SIGTERM);
+    }
+    // Prompt lookup at TP 2: the single process's continuation.
+    struct httptest_server s;
+    start_job(&s, model, 2, "--tp 2 --draft-n 4");
+    check_one_process_text(s.port, model, "Tom had a red ball. Tom had a red ball. Tom had a red",
+                           24);
+    double drafted, accepted;
+    draft_counts(s.port, &drafted, &accepted);
+    print_message("prompt lookup at tp 2: %.0f of %.0f drafts kept\n", accepted, drafted);
+    assert_true(drafted > 0);
+    live = NULL;
+    httptest_stop(&s, SIGTERM);
+}
+
 /* The pid rank `rank` logged (comm_open: "rank R/N: pid P") in the job's log, or 0. */
 static pid_t rank_pid(const char *log_path, int rank) {
     FILE *f = fopen(log_path, "r");
@@ -742,6 +885,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_tp_serve_rank_killed_ends_job, stop_live),
         cmocka_unit_test(test_lora_generate_same_ids_as_one_process),
         cmocka_unit_test_teardown(test_tp_serve_lora_matches_one_process, stop_live),
+        cmocka_unit_test_teardown(test_spec_serve_under_every_split, stop_live),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
