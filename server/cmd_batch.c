@@ -14,6 +14,9 @@
  *           request's first over the time after the last request got its first.
  * A line's "model" names an adapter given with --lora NAME=PATH (absent or
  * the model's own name: the base model; anything else: an error line).
+ * Under `mpirun -np N` with --tp, --pp or --sp (docs/parallelism.md) the
+ * model is split as for serve; rank 0 reads the prompts, runs the scheduler
+ * and prints, the others follow its steps.
  * Requests are submitted --arrival-ms apart (0: all at once). The step loop
  * runs on the main thread (scheduler_step): the tool needs no second thread,
  * and arrivals land between steps exactly when due.
@@ -38,6 +41,7 @@
 #include "scheduler/scheduler.h"
 #include "server/cmd.h"
 #include "server/draft_model.h"
+#include "server/tp.h"
 #include "server/openai.h"
 
 #define BATCH_MAX_FILE_BYTES ((size_t)1 << 30)
@@ -100,6 +104,8 @@ static void batch_usage(FILE *fp) {
             "      --lora NAME=PATH       an adapter a line selects with \"model\": \"NAME\"\n"
             "                             (repeatable)\n"
             "      --max-loras N          adapter slots: distinct adapters batched at once (8)\n"
+            "      --tp N, --pp N, --sp N tensor, pipeline or sequence parallelism over the ranks\n"
+            "                             of mpirun -np (docs/parallelism.md; default 1)\n"
             "  -c, --ctx N                most tokens of one request, prompt + max_tokens\n"
             "                             (default: the model's context_length); a line asking\n"
             "                             for more gets an error\n"
@@ -274,6 +280,7 @@ struct batch_opts {
     const char *draft_path;          // --draft-model, NULL: none
     const char *prompts_path;
     int32_t arrival_ms;              // between submissions; 0: all at once
+    int32_t tp, pp, n_sp;            // --tp, --pp, --sp (1: none)
     struct scheduler_params sp;
 };
 
@@ -281,7 +288,7 @@ struct batch_opts {
  * list into *lo. Returns -1 to go on, else the exit code: 0 after --help,
  * 2 after a message. */
 static int parse_opts(int argc, char **argv, struct batch_opts *o, struct batch_loras *lo) {
-    *o = (struct batch_opts){.sp = scheduler_default_params()};
+    *o = (struct batch_opts){.tp = 1, .pp = 1, .n_sp = 1, .sp = scheduler_default_params()};
     struct scheduler_params *sp = &o->sp;
     static const struct option long_opts[] = {
         {"model", required_argument, NULL, 'm'},
@@ -304,6 +311,9 @@ static int parse_opts(int argc, char **argv, struct batch_opts *o, struct batch_
         {"kv-type", required_argument, NULL, 'V'},
         {"lora", required_argument, NULL, 'L'},
         {"max-loras", required_argument, NULL, 'R'},
+        {"tp", required_argument, NULL, 'X'},
+        {"pp", required_argument, NULL, 'Y'},
+        {"sp", required_argument, NULL, 'Z'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -336,6 +346,9 @@ static int parse_opts(int argc, char **argv, struct batch_opts *o, struct batch_
             }
             break;
         case 'R': ok = parse_i32(optarg, 0, SCHEDULER_MAX_LORAS, &sp->max_loras); break;
+        case 'X': ok = parse_i32(optarg, 1, 1024, &o->tp); break;
+        case 'Y': ok = parse_i32(optarg, 1, 1024, &o->pp); break;
+        case 'Z': ok = parse_i32(optarg, 1, 1024, &o->n_sp); break;
         case 'L': {
             const char *eq = strchr(optarg, '=');
             ok = eq && eq != optarg && eq[1] && lo->n < BATCH_MAX_LORAS;
@@ -359,6 +372,14 @@ static int parse_opts(int argc, char **argv, struct batch_opts *o, struct batch_
     }
     if (!o->model_path || !o->prompts_path || optind != argc) {
         batch_usage(stderr);
+        return 2;
+    }
+    if (o->n_sp > 1 && (o->tp > 1 || o->pp > 1)) {
+        fprintf(stderr, "batch: --sp goes with neither --tp nor --pp\n");
+        return 2;
+    }
+    if ((int64_t)o->tp * o->pp > 1024) {
+        fprintf(stderr, "batch: --tp %d x --pp %d is over 1024 ranks\n", (int)o->tp, (int)o->pp);
         return 2;
     }
     return -1;
@@ -495,77 +516,72 @@ int cmd_batch(int argc, char **argv) {
     if (code >= 0) return code;
     struct scheduler_params sp = o.sp;
 
+    struct comm *comm = NULL;
+    struct engine_model *model = NULL;
+    struct engine_model *draft = NULL;
+    struct scheduler *s = NULL;
+    struct batch_line *lines = NULL;
     char *text = NULL;
     size_t text_len = 0;
-    int err = file_read_all(o.prompts_path, BATCH_MAX_FILE_BYTES, &text, &text_len);
-    if (err) {
-        fprintf(stderr, "batch: cannot read %s: %s\n", o.prompts_path, err_str(err));
-        return 1;
-    }
-    struct engine_model_params mp = engine_model_default_params();
-    mp.path = o.model_path;
-    mp.show_progress = true;
-    struct engine_model *model = NULL;
-    err = engine_model_load(&mp, &model);
-    const int32_t n_ctx_train = model ? engine_model_get_info(model)->n_ctx_train : 0;
+    int32_t n_loaded = 0;  // adapters of lo loaded
+    code = 1;
+    int err = tp_open(o.tp * o.pp * o.n_sp, &comm);
+    if (err) goto done;
+    err = tp_load_model(comm, o.model_path, o.pp, o.n_sp, &model);
     if (err) {
         fprintf(stderr, "batch: cannot load %s: %s\n", o.model_path, err_str(err));
-        free(text);
-        return 1;
+        goto done;
     }
+    if (comm_rank(comm) > 0) {  // a split model: this rank only follows rank 0's steps
+        code = tp_follow(comm, model, sp.n_threads);
+        goto done;
+    }
+    err = file_read_all(o.prompts_path, BATCH_MAX_FILE_BYTES, &text, &text_len);
+    if (err) {
+        fprintf(stderr, "batch: cannot read %s: %s\n", o.prompts_path, err_str(err));
+        goto done;
+    }
+    const int32_t n_ctx_train = engine_model_get_info(model)->n_ctx_train;
     const struct tokenizer *tok = engine_model_tokenizer(model);
     int32_t n_vocab = engine_model_get_info(model)->n_vocab;
     char file_id[256];
     openai_model_id(o.model_path, file_id, sizeof(file_id));
     lo.base_name = file_id;
     lo.gguf_name = engine_model_get_info(model)->name;
-    for (int32_t i = 0; i < lo.n; i++) {
-        err = engine_adapter_load(model, lo.paths[i], &lo.adapters[i]);
+    for (; n_loaded < lo.n; n_loaded++) {
+        err = engine_adapter_load(model, lo.paths[n_loaded], &lo.adapters[n_loaded]);
         if (err) {
-            fprintf(stderr, "batch: cannot load the adapter %.*s=%s: %s\n", (int)lo.name_lens[i],
-                    lo.names[i], lo.paths[i], err_str(err));
-            release_loras(&lo, i);
-            free(text);
-            engine_model_free(model);
-            return 1;
+            fprintf(stderr, "batch: cannot load the adapter %.*s=%s: %s\n",
+                    (int)lo.name_lens[n_loaded], lo.names[n_loaded], lo.paths[n_loaded],
+                    err_str(err));
+            goto done;
         }
     }
-    struct engine_model *draft = NULL;
     if (o.draft_path) {
         char msg[512];
         err = draft_model_load(o.draft_path, model, true, &draft, msg, sizeof(msg));
         if (err) {
             fprintf(stderr, "batch: %s\n", msg);
-            release_loras(&lo, lo.n);
-            free(text);
-            engine_model_free(model);
-            return 1;
+            goto done;
         }
         sp.draft_model = draft;
     }
     if (lo.n > 0 && sp.max_loras == 0) {
         fprintf(stderr, "batch: --lora needs --max-loras >= 1\n");
-        release_loras(&lo, lo.n);
-        free(text);
-        engine_model_free(draft);
-        engine_model_free(model);
-        return 2;
+        code = 2;
+        goto done;
     }
 
-    struct batch_line *lines = NULL;
     const int64_t n_lines = read_lines(tok, n_vocab, &lo, text, text_len, &lines);
     free(text);
+    text = NULL;
     if (sp.max_queue < n_lines + 1) sp.max_queue = n_lines + 1 > INT32_MAX ? INT32_MAX : (int32_t)n_lines + 1;
 
-    struct scheduler *s = NULL;
+    sp.comm = comm;
     err = scheduler_create(model, &sp, &s);
     if (err) {
         fprintf(stderr, "batch: cannot start the scheduler: %s\n", err_str(err));
-        scheduler_free(s);
-        release_loras(&lo, lo.n);
-        engine_model_free(draft);
-        engine_model_free(model);
-        return 1;
+        goto done;
     }
     struct batch_run r = {
         .s = s,
@@ -606,10 +622,19 @@ int cmd_batch(int argc, char **argv) {
             (long long)st.n_draft_tokens, (long long)st.n_draft_accepted);
     free(r.acc);
     free(r.done);
+    code = 0;
+
+done:
+    // Rank 0 failed with the other ranks still waiting for it (in the ctx's
+    // creation): end them with it. Once the scheduler exists, freeing it
+    // frees the ctx, which releases them.
+    if (code != 0 && !s && comm_rank(comm) == 0) tp_fail(comm, code, "batch failed");
+    free(text);
     free(lines);
     scheduler_free(s);
-    release_loras(&lo, lo.n);
+    release_loras(&lo, n_loaded);
     engine_model_free(draft);
     engine_model_free(model);
-    return 0;
+    comm_close(comm);
+    return code;
 }

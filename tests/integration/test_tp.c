@@ -763,6 +763,99 @@ static void test_spec_serve_under_every_split(void **state) {
     httptest_stop(&s, SIGTERM);
 }
 
+/* Runs cmd (a batch) into out and drops each line's "ttft_ms" figure (a
+ * timing), so that two runs' outputs compare. */
+static void run_batch(const char *cmd, char *out, size_t n) {
+    assert_int_equal(run(cmd, out, n), 0);
+    char *w = out;
+    for (const char *r = out; *r;) {
+        const char *t = strstr(r, ",\"ttft_ms\":");
+        if (!t) {
+            memmove(w, r, strlen(r) + 1);
+            return;
+        }
+        memmove(w, r, (size_t)(t - r));
+        w += t - r;
+        r = t + strlen(",\"ttft_ms\":");
+        while (*r && *r != ',' && *r != '}') r++;
+    }
+    *w = '\0';
+}
+
+/* `llmserve batch` under every split prints what one process prints: greedy
+ * lines (the README's prompt, whose text is the README's; a prompt that
+ * repeats itself; a 70-token prompt, whose prefill SP 2 splits), a seeded
+ * sampled line, a grammar line and an error line, without drafts, with a
+ * draft model and with prompt lookup (verified by the split model); and an
+ * adapter line beside a base line at TP 2. */
+static void test_batch_under_every_split(void **state) {
+    (void)state;
+    const char *model = stories_or_skip();
+    char jsonl[4096], ids[1024];
+    snprintf(jsonl, sizeof(jsonl), "%s/tests/integration/tp_batch.jsonl", testutil_build_dir());
+    long_prompt_ids(ids, sizeof(ids));
+    FILE *f = fopen(jsonl, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"prompt\": \"Once upon a time\", \"max_tokens\": 30, \"temperature\": 0}\n"
+               "{\"prompt\": \"Tom had a red ball. Tom had a red ball. Tom had a red\", "
+               "\"max_tokens\": 24, \"temperature\": 0}\n"
+               "{\"prompt\": [%s], \"max_tokens\": 12, \"temperature\": 0}\n"
+               "{\"prompt\": \"One day\", \"max_tokens\": 24, \"temperature\": 0.8, \"seed\": 3}\n"
+               "{\"prompt\": \"Lily said\", \"max_tokens\": 16, \"temperature\": 0, "
+               "\"grammar\": \"root ::= (\\\" yes\\\" | \\\" no\\\") \\\"!\\\"\"}\n"
+               "{\"model\": \"zzz\", \"prompt\": \"x\"}\n",
+            ids);
+    fclose(f);
+    char cmd[32768], one[16384], split[16384];
+    snprintf(cmd, sizeof(cmd), "%s batch -m %s --prompts %s -t 1 2>/dev/null", httptest_bin(),
+             model, jsonl);
+    run_batch(cmd, one, sizeof(one));
+    assert_non_null(strstr(one, "\"text\":\", there was a little girl named Lily. She loved to "
+                                "play outside in the park. One day,\""));
+    assert_true(strstr(one, "\"text\":\" yes!\"") || strstr(one, "\"text\":\" no!\""));
+    static const struct {
+        const char *flags;
+        int n_ranks;
+    } k_runs[] = {
+        {"--tp 2", 2},
+        {"--pp 2", 2},
+        {"--sp 2", 2},
+        {"--tp 2 --pp 2 --draft-model %s --draft-always", 4},
+        {"--sp 2 --draft-n 4 --draft-always", 2},
+    };
+    for (size_t k = 0; k < sizeof(k_runs) / sizeof(k_runs[0]); k++) {
+        char flags[8192];
+        snprintf(flags, sizeof(flags), k_runs[k].flags, model);
+        snprintf(cmd, sizeof(cmd), "%s -np %d %s batch -m %s --prompts %s -t 1 %s 2>/dev/null",
+                 mpirun(), k_runs[k].n_ranks, httptest_bin(), model, jsonl, flags);
+        run_batch(cmd, split, sizeof(split));
+        print_message("batch %s: %zu bytes\n", k_runs[k].flags, strlen(split));
+        assert_string_equal(split, one);
+    }
+    // An adapter line and a base line at TP 2 (llama-f32 and its PEFT adapter).
+    const char *synth = httptest_model("llama-f32");
+    char path[4096];
+    testutil_adapter_path("llama-peft", path, sizeof(path));
+    f = fopen(jsonl, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"model\": \"a\", \"prompt\": [%s], \"max_tokens\": 12, \"temperature\": 0, "
+               "\"ignore_eos\": true}\n"
+               "{\"prompt\": [%s], \"max_tokens\": 12, \"temperature\": 0, \"ignore_eos\": true}\n",
+            ids, ids);
+    fclose(f);
+    snprintf(cmd, sizeof(cmd), "%s batch -m %s --prompts %s -t 1 --lora a=%s 2>/dev/null",
+             httptest_bin(), synth, jsonl, path);
+    run_batch(cmd, one, sizeof(one));
+    snprintf(cmd, sizeof(cmd),
+             "%s -np 2 %s batch -m %s --prompts %s -t 1 --lora a=%s --tp 2 2>/dev/null",
+             mpirun(), httptest_bin(), synth, jsonl, path);
+    run_batch(cmd, split, sizeof(split));
+    assert_string_equal(split, one);
+    const char *second = strchr(one, '\n');
+    assert_non_null(second);
+    assert_true(strncmp(strstr(one, "\"token_ids\""), strstr(second, "\"token_ids\""), 40) != 0);
+}
+
 /* The pid rank `rank` logged (comm_open: "rank R/N: pid P") in the job's log, or 0. */
 static pid_t rank_pid(const char *log_path, int rank) {
     FILE *f = fopen(log_path, "r");
@@ -886,6 +979,7 @@ int main(void) {
         cmocka_unit_test(test_lora_generate_same_ids_as_one_process),
         cmocka_unit_test_teardown(test_tp_serve_lora_matches_one_process, stop_live),
         cmocka_unit_test_teardown(test_spec_serve_under_every_split, stop_live),
+        cmocka_unit_test(test_batch_under_every_split),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
