@@ -78,7 +78,8 @@ struct req {
     int status;                         // HTTP status answered (for the log)
     int64_t t_start_ns;
     int64_t deadline_ns;                // 0: no timeout
-    atomic_bool timed_out;              // set by the ticker
+    atomic_bool timed_out;              // set by the ticker (once: it stays set)
+    bool is_timeout_told;               // a stream's error event for it went out (sse.c)
     atomic_bool heartbeat_due;          // set by the ticker (streams)
     atomic_bool client_gone;            // set by the ticker: the peer closed while suspended
     atomic_bool is_canceled;            // set by req_cancel() (ticker, shutdown): stop waiting

@@ -185,14 +185,17 @@ ssize_t sse_read(struct req *r, char *dst, size_t max) {
                 r->sse = SSE_END;
                 break;
             }
-            if (req_is_finished(r)) {
-                r->sse = SSE_FINAL;
-                break;
-            }
-            if (atomic_exchange(&r->timed_out, false)) {
-                // The ticker canceled the sequences; tell the client why.
+            if (atomic_load(&r->timed_out) && !r->is_timeout_told) {
+                r->is_timeout_told = true;
+                // The ticker canceled the sequences; tell the client why. Before
+                // the finished check: the cancellation may have finished every
+                // sequence by this poll, and the stream must still say why.
                 emit_error(r, "The request took longer than the server's request timeout",
                            "timeout", "request_timeout");
+                break;
+            }
+            if (req_is_finished(r)) {
+                r->sse = SSE_FINAL;
                 break;
             }
             if (atomic_exchange(&r->heartbeat_due, false)) {
