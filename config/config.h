@@ -42,6 +42,7 @@ struct config {
     int32_t draft_n;              // speculative decoding: draft tokens per step, 0: off
                                   //    (the server takes 0 as 4 when draft_model_path is set)
     char *draft_model_path;       // owned; GGUF draft model, NULL: prompt-lookup drafts
+    bool draft_always;            // draft even where it does not pay (tests, benchmarks)
     int32_t max_queue;            // requests waiting before 429
     int64_t max_body_bytes;       // largest request body before 413
     int32_t request_timeout_s;    // longest a request may run; 0: no limit

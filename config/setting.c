@@ -60,6 +60,9 @@ const struct setting setting_table[] = {
      "speculative decoding with drafts from FILE, a smaller GGUF model of the same vocabulary "
      "(greedy, or sampled for a request sampling without a seed; tokens as without: the same, "
      "or of the same distribution); under --tp/--pp/--sp it runs whole on rank 0"},
+    {"draft-always", 0, "draft_always", SETTING_KIND_BOOL, OFF(draft_always), 0, 0, "[BOOL]",
+     "draft at every decode step of at most 4 streams, even where drafting does not pay "
+     "(tests, benchmarks; default: only while steps with drafts emit tokens faster)"},
     {"max-queue", 0, "max_queue", SETTING_KIND_I32, OFF(max_queue), 1, 1 << 20, "N",
      "requests waiting for a slot before 429"},
     {"max-body", 0, "max_body", SETTING_KIND_SIZE, OFF(max_body_bytes), 1024, GIB, "SIZE",

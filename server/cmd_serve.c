@@ -71,6 +71,7 @@ static int start_scheduler(const struct config *cfg, struct engine_model *model,
     sp.prefill_chunk = cfg->prefill_chunk;
     sp.step_ratio = cfg->step_ratio;
     sp.draft_n = cfg->draft_n;
+    sp.draft_always = cfg->draft_always;
     sp.draft_model = draft;
     sp.max_queue = cfg->max_queue;
     sp.n_threads = cfg->n_threads;

@@ -707,7 +707,10 @@ static void check_sp_split_verify(int port) {
  * the split's sums, so nearly every draft is kept (min(1, p/q)). At SP 2
  * with --draft-n 16, two choices' step of 2 x 17 tokens is split over the
  * ranks. Prompt lookup at TP 2 gives the single process's text of a prompt
- * that repeats itself. */
+ * that repeats itself. Every job runs with --draft-always: the policy
+ * turns drafting off where steps with drafts are measured slower, which on
+ * a loaded machine (ASan, a CI beside) left the sampled request with no
+ * draft at all. */
 static void test_spec_serve_under_every_split(void **state) {
     (void)state;
     const char *model = stories_or_skip();
@@ -715,10 +718,10 @@ static void test_spec_serve_under_every_split(void **state) {
         const char *flags;
         int n_ranks, n_choices;
     } k_jobs[] = {
-        {"--tp 2 --draft-model %s", 2, 1},
-        {"--pp 2 --draft-model %s", 2, 1},
-        {"--tp 2 --pp 2 --draft-model %s", 4, 1},
-        {"--sp 2 --draft-model %s --draft-n 16", 2, 2},
+        {"--tp 2 --draft-model %s --draft-always", 2, 1},
+        {"--pp 2 --draft-model %s --draft-always", 2, 1},
+        {"--tp 2 --pp 2 --draft-model %s --draft-always", 4, 1},
+        {"--sp 2 --draft-model %s --draft-n 16 --draft-always", 2, 2},
     };
     for (size_t j = 0; j < sizeof(k_jobs) / sizeof(k_jobs[0]); j++) {
         char flags[8192];
@@ -752,7 +755,7 @@ static void test_spec_serve_under_every_split(void **state) {
     }
     // Prompt lookup at TP 2: the single process's continuation.
     struct httptest_server s;
-    start_job(&s, model, 2, "--tp 2 --draft-n 4");
+    start_job(&s, model, 2, "--tp 2 --draft-n 4 --draft-always");
     check_one_process_text(s.port, model, "Tom had a red ball. Tom had a red ball. Tom had a red",
                            24);
     double drafted, accepted;
