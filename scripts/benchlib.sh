@@ -7,6 +7,15 @@ median() {
   sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
+# The mpirun of the MPI benchmarks, into the array `mpi`: ranks oversubscribed
+# on this machine, TCP over loopback (the transport between machines), allowed
+# as root (CI containers run as root). Callers add -np N.
+mpi_init() {
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  mpi=(mpirun --oversubscribe --mca btl self,tcp --mca btl_tcp_if_include lo
+       --mca oob_tcp_if_include lo)
+}
+
 # A TCP port on 127.0.0.1 that nothing listens on right now.
 free_port() {
   /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'

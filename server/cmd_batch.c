@@ -412,6 +412,18 @@ static int64_t read_lines(const struct tokenizer *tok, int32_t n_vocab,
     return n_lines;
 }
 
+/* Frees what read_lines() made of each of lines [n] (submitted or not), and
+ * the array. */
+static void free_lines(struct batch_line *lines, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        channel_release(lines[i].channel);
+        free(lines[i].prompt);
+        for (int32_t k = 0; k < BATCH_MAX_STOPS; k++) free(lines[i].stops[k]);
+        gbnf_release(lines[i].req.grammar);
+    }
+    free(lines);
+}
+
 /* One run's lines and what they produced, for the arrival loop. */
 struct batch_run {
     struct scheduler *s;
@@ -523,6 +535,7 @@ int cmd_batch(int argc, char **argv) {
     struct batch_line *lines = NULL;
     char *text = NULL;
     size_t text_len = 0;
+    int64_t n_lines = 0;   // of lines
     int32_t n_loaded = 0;  // adapters of lo loaded
     code = 1;
     int err = tp_open(o.tp * o.pp * o.n_sp, &comm);
@@ -572,7 +585,7 @@ int cmd_batch(int argc, char **argv) {
         goto done;
     }
 
-    const int64_t n_lines = read_lines(tok, n_vocab, &lo, text, text_len, &lines);
+    n_lines = read_lines(tok, n_vocab, &lo, text, text_len, &lines);
     free(text);
     text = NULL;
     if (sp.max_queue < n_lines + 1) sp.max_queue = n_lines + 1 > INT32_MAX ? INT32_MAX : (int32_t)n_lines + 1;
@@ -602,10 +615,6 @@ int cmd_batch(int argc, char **argv) {
     for (int64_t i = 0; i < n_lines; i++) {
         print_result(i, &lines[i], &r.acc[i]);
         channel_output_free(&r.acc[i]);
-        channel_release(lines[i].channel);
-        free(lines[i].prompt);
-        for (int32_t k = 0; k < BATCH_MAX_STOPS; k++) free(lines[i].stops[k]);
-        gbnf_release(lines[i].req.grammar);
     }
     fflush(stdout);
     fprintf(stderr,
@@ -630,7 +639,7 @@ done:
     // frees the ctx, which releases them.
     if (code != 0 && !s && comm_rank(comm) == 0) tp_fail(comm, code, "batch failed");
     free(text);
-    free(lines);
+    free_lines(lines, n_lines);
     scheduler_free(s);
     release_loras(&lo, n_loaded);
     engine_model_free(draft);
