@@ -159,6 +159,11 @@ int config_validate(const struct config *c, char *msg, size_t msg_size) {
         snprintf(msg, msg_size, "--sp %d goes with neither --tp nor --pp", (int)c->sp);
         return ERR_INVAL;
     }
+    if (c->sp_divide_kv && c->sp < 2) {
+        snprintf(msg, msg_size, "--sp-divide-kv divides the KV cache over the ranks of --sp N "
+                 "(N >= 2), but --sp is %d", (int)c->sp);
+        return ERR_INVAL;
+    }
     if ((int64_t)c->tp * c->pp > 1024) {
         snprintf(msg, msg_size, "--tp %d x --pp %d is over 1024 ranks", (int)c->tp, (int)c->pp);
         return ERR_INVAL;

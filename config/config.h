@@ -61,6 +61,7 @@ struct config {
     int32_t tp;                   // tensor-parallel ranks (1: this process alone)
     int32_t pp;                   // pipeline stages (1: every layer in each rank)
     int32_t sp;                   // sequence-parallel ranks (1: every token here)
+    bool sp_divide_kv;            // with sp > 1: the KV cache divided over the SP ranks
     bool allow_runtime_lora;      // POST /v1/load_lora_adapter, /v1/unload_lora_adapter
     enum log_level log_level;
     char *config_file;            // owned; the file that was read, or NULL

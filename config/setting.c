@@ -95,6 +95,9 @@ const struct setting setting_table[] = {
     {"sp", 0, "sp", SETTING_KIND_I32, OFF(sp), 1, 1024, "N",
      "sequence parallelism: split each step's tokens over the N ranks of mpirun -np N, each "
      "with the whole model (long prompts; not with --tp, --pp; docs/parallelism.md)"},
+    {"sp-divide-kv", 0, "sp_divide_kv", SETTING_KIND_BOOL, OFF(sp_divide_kv), 0, 0, "[BOOL]",
+     "with --sp N: divide the KV cache over the N ranks (each holds 1/N of the blocks, "
+     "--kv-memory each: N times the context in all; attention combined over the ranks)"},
     {"max-loras", 0, "max_loras", SETTING_KIND_I32, OFF(max_loras), 0, 256, "N",
      "adapter slots: distinct adapters batched at once (more wait); 0 = no adapters"},
     {"allow-runtime-lora", 0, "allow_runtime_lora", SETTING_KIND_BOOL, OFF(allow_runtime_lora),

@@ -68,6 +68,10 @@ void engine_ctx_free(struct engine_ctx *ctx) {
     free(ctx->logits);
     free(ctx->logits_part);
     free(ctx->sp_counts);
+    free(ctx->att_m);
+    free(ctx->att_l);
+    free(ctx->att_mx);
+    free(ctx->att_comb);
     free(ctx->logits_all);
     for (int32_t i = 0; ctx->adapters && i < ctx->params.max_adapters; i++) {
         engine_adapter_release(ctx->adapters[i]);
@@ -86,8 +90,8 @@ static float *alloc_floats(size_t rows, size_t cols, int *err) {
 
 /* Tensor parallelism: every rank takes rank 0's limits (n_threads stays its own). */
 static void share_params(struct engine_ctx_params *p) {
-    int32_t v[7] = {p->max_batch_tokens, p->max_seqs, p->max_outputs, p->block_size,
-                    p->n_blocks, p->max_adapters, (int32_t)p->kv_type};
+    int32_t v[8] = {p->max_batch_tokens, p->max_seqs, p->max_outputs, p->block_size,
+                    p->n_blocks, p->max_adapters, (int32_t)p->kv_type, p->kv_divided};
     comm_bcast(p->comm, v, sizeof(v));
     p->max_batch_tokens = v[0];
     p->max_seqs = v[1];
@@ -96,6 +100,7 @@ static void share_params(struct engine_ctx_params *p) {
     p->n_blocks = v[4];
     p->max_adapters = v[5];
     p->kv_type = (enum engine_kv_type)v[6];
+    p->kv_divided = v[7] != 0;
 }
 
 /* Fills in the defaults of prm and checks it against the model. */
@@ -125,6 +130,12 @@ static int check_params(const struct engine_model *m, struct engine_ctx_params *
                   shard_job_rank(&m->shard), job_size, m->shard.rank, m->shard.size,
                   m->shard.stage, m->shard.n_stages, comm_rank(prm->comm),
                   comm_size(prm->comm));
+        return ERR_INVAL;
+    }
+    if (prm->kv_divided && (m->shard.n_sp < 2 || prm->n_blocks % m->shard.n_sp != 0)) {
+        LOG_ERROR("%s: a KV pool divided over the ranks needs sequence parallelism (SP %d) and "
+                  "a block count that is a multiple of it (%d blocks)", __func__,
+                  m->shard.n_sp, prm->n_blocks);
         return ERR_INVAL;
     }
     if (prm->max_seqs > prm->max_batch_tokens) prm->max_seqs = prm->max_batch_tokens;
@@ -158,8 +169,9 @@ static int ctx_alloc(const struct engine_model *m, const struct engine_ctx_param
     if ((int64_t)n_q > max_k) max_k = (int64_t)n_q;
     err = kern_scratch_init(&ctx->kscratch, ctx->params.n_threads, max_k);
     if (err) return err;
-    err = kv_init(&ctx->kv, prm->kv_type, sh->n_layer, prm->n_blocks, prm->block_size,
-                  sh->n_head_kv, hp->head_dim);
+    err = kv_init_part(&ctx->kv, prm->kv_type, sh->n_layer, prm->n_blocks, prm->block_size,
+                       sh->n_head_kv, hp->head_dim, prm->kv_divided ? sh->n_sp : 1,
+                       prm->kv_divided ? sh->sp_rank : 0);
     if (err) return err;
     if (shard_job_size(sh) > 1) {
         err = step_desc_init(&ctx->desc, prm->max_batch_tokens, prm->max_seqs);
@@ -192,8 +204,15 @@ static int ctx_alloc(const struct engine_model *m, const struct engine_ctx_param
     ctx->logits = alloc_floats(has_logits ? (size_t)prm->max_outputs : 1, (size_t)hp->n_vocab,
                                &err);
     if (sh->n_sp > 1) {
-        ctx->sp_counts = calloc((size_t)sh->n_sp, sizeof(*ctx->sp_counts));
+        ctx->sp_counts = calloc(3 * (size_t)sh->n_sp, sizeof(*ctx->sp_counts));
         if (!ctx->sp_counts) err = ERR_NOMEM;
+    }
+    if (prm->kv_divided) {
+        const size_t n_rows = (size_t)sh->n_head;
+        ctx->att_m = alloc_floats(T, n_rows, &err);
+        ctx->att_l = alloc_floats(T, n_rows, &err);
+        ctx->att_mx = alloc_floats(T, n_rows, &err);
+        ctx->att_comb = alloc_floats(2 * T, n_q + n_rows, &err);
     }
     if (sh->size > 1 && shard_has_classifier(sh)) {
         const size_t stride = (size_t)shard_vocab_stride(sh, hp->n_vocab);

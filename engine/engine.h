@@ -133,6 +133,9 @@ struct engine_ctx_params {
     int32_t max_adapters;      // adapter slots (engine/lora.h), 0..ENGINE_MAX_ADAPTERS;
                                // 0: adapters not used
     enum engine_kv_type kv_type;  // storage of the KV pool (default F32)
+    bool kv_divided;           // sequence parallelism only: the pool divided over the SP
+                               // ranks, each holding n_blocks / SP of them (compute/kv.h;
+                               // n_blocks a multiple of SP); false: each holds all (default)
     struct comm *comm;         // tensor parallelism: the job's ranks (borrowed; outlives the
                                // ctx); NULL: this process alone (default)
     struct engine_ctx *pool_of; // NULL: a worker pool of its own (default); else run on this

@@ -122,6 +122,7 @@ struct scheduler_params scheduler_default_params(void) {
         .enable_prefix_cache = true,
         .n_threads = 0,
         .max_loras = 8,
+        .kv_parts = 1,
     };
     return p;
 }
@@ -934,7 +935,11 @@ static int32_t draft_pool_blocks(const struct scheduler_params *p, int32_t n_ctx
  * given in blocks). */
 static int32_t pool_blocks(const struct engine_model *model, const struct scheduler_params *p,
                            int32_t draft_blocks) {
-    if (p->kv_blocks > 0) return p->kv_blocks;
+    const int32_t parts = p->kv_parts > 1 ? p->kv_parts : 1;  // 0 (unset) is 1
+    if (p->kv_blocks > 0) {
+        const int64_t n = ((int64_t)p->kv_blocks + parts - 1) / parts * parts;
+        return n > (1 << 24) ? (1 << 24) / parts * parts : (int32_t)n;
+    }
     size_t bb = engine_kv_block_bytes(model, p->block_size, p->kv_type);
     if (bb == 0) return 0;
     size_t budget = (size_t)p->kv_memory_mib << 20;
@@ -945,6 +950,12 @@ static int32_t pool_blocks(const struct engine_model *model, const struct schedu
     }
     size_t n = budget / bb;
     if (n > (1u << 24)) n = 1u << 24;
+    // Divided: the budget is each rank's, whose blocks are one id in `parts`
+    // (the null block is rank 0's first); whole: + the null block.
+    if (parts > 1) {
+        if (n > (1u << 24) / (size_t)parts) n = (1u << 24) / (size_t)parts;
+        return (int32_t)(n * (size_t)parts);
+    }
     return (int32_t)n + 1;  // + the null block
 }
 
@@ -990,7 +1001,7 @@ int scheduler_create(const struct engine_model *model, const struct scheduler_pa
         (p->kv_blocks == 0 && p->kv_memory_mib < 1) || p->n_ctx < 0 ||
         p->kv_type < 0 || p->kv_type >= ENGINE_KV_TYPE_COUNT || p->max_loras < 0 ||
         p->max_loras > SCHEDULER_MAX_LORAS || p->draft_n < 0 || p->draft_n > SCHEDULER_MAX_DRAFT ||
-        p->draft_kv_blocks < 0) {
+        p->draft_kv_blocks < 0 || p->kv_parts < 0 || p->kv_parts > 1024) {
         LOG_ERROR("%s: bad params block_size=%d max_seqs=%d max_batch_tokens=%d max_queue=%d "
                   "kv_blocks=%d kv_memory_mib=%d max_loras=%d draft_n=%d draft_kv_blocks=%d "
                   "draft_model=%s", __func__,
@@ -1044,6 +1055,7 @@ int scheduler_create(const struct engine_model *model, const struct scheduler_pa
     cp.block_size = p->block_size;
     cp.n_blocks = n_blocks;
     cp.kv_type = p->kv_type;
+    cp.kv_divided = p->kv_parts > 1;
     cp.max_adapters = p->max_loras;
     cp.comm = p->comm;
     lora_slots_init(&s->loras, p->max_loras);

@@ -63,6 +63,10 @@ struct scheduler_params {
                                 //    (the model's pool has the rest unless kv_blocks is set)
     struct comm *comm;          // tensor parallelism: the job's ranks (engine_ctx_params.comm;
                                 //   borrowed, outlives the scheduler); NULL: none
+    int32_t kv_parts;           // 1: the KV pool whole on every rank (default); N: divided
+                                //   over the N ranks of sequence parallelism (engine
+                                //   kv_divided): kv_memory_mib on each rank, N times the
+                                //   blocks in all (kv_blocks: rounded up to a multiple of N)
 };
 
 struct scheduler_params scheduler_default_params(void);

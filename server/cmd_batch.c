@@ -106,6 +106,8 @@ static void batch_usage(FILE *fp) {
             "      --max-loras N          adapter slots: distinct adapters batched at once (8)\n"
             "      --tp N, --pp N, --sp N tensor, pipeline or sequence parallelism over the ranks\n"
             "                             of mpirun -np (docs/parallelism.md; default 1)\n"
+            "      --sp-divide-kv         with --sp N: the KV cache divided over the N ranks\n"
+            "                             (--kv-memory each, N times the blocks in all)\n"
             "  -c, --ctx N                most tokens of one request, prompt + max_tokens\n"
             "                             (default: the model's context_length); a line asking\n"
             "                             for more gets an error\n"
@@ -281,6 +283,7 @@ struct batch_opts {
     const char *prompts_path;
     int32_t arrival_ms;              // between submissions; 0: all at once
     int32_t tp, pp, n_sp;            // --tp, --pp, --sp (1: none)
+    bool is_kv_divided;              // --sp-divide-kv
     struct scheduler_params sp;
 };
 
@@ -314,6 +317,7 @@ static int parse_opts(int argc, char **argv, struct batch_opts *o, struct batch_
         {"tp", required_argument, NULL, 'X'},
         {"pp", required_argument, NULL, 'Y'},
         {"sp", required_argument, NULL, 'Z'},
+        {"sp-divide-kv", no_argument, NULL, 'W'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -349,6 +353,7 @@ static int parse_opts(int argc, char **argv, struct batch_opts *o, struct batch_
         case 'X': ok = parse_i32(optarg, 1, 1024, &o->tp); break;
         case 'Y': ok = parse_i32(optarg, 1, 1024, &o->pp); break;
         case 'Z': ok = parse_i32(optarg, 1, 1024, &o->n_sp); break;
+        case 'W': o->is_kv_divided = true; break;
         case 'L': {
             const char *eq = strchr(optarg, '=');
             ok = eq && eq != optarg && eq[1] && lo->n < BATCH_MAX_LORAS;
@@ -382,6 +387,11 @@ static int parse_opts(int argc, char **argv, struct batch_opts *o, struct batch_
         fprintf(stderr, "batch: --tp %d x --pp %d is over 1024 ranks\n", (int)o->tp, (int)o->pp);
         return 2;
     }
+    if (o->is_kv_divided && o->n_sp < 2) {
+        fprintf(stderr, "batch: --sp-divide-kv needs --sp N with N >= 2\n");
+        return 2;
+    }
+    if (o->is_kv_divided) sp->kv_parts = o->n_sp;
     return -1;
 }
 

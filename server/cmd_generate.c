@@ -56,6 +56,7 @@ struct generate_opts {
     int32_t tp;                    // --tp: tensor-parallel ranks (run under mpirun -np N)
     int32_t pp;                    // --pp: pipeline stages (run under mpirun -np N)
     int32_t n_sp;                  // --sp: sequence-parallel ranks (run under mpirun -np N)
+    bool is_kv_divided;            // --sp-divide-kv: the KV pool divided over those ranks
 };
 
 static void generate_usage(FILE *fp) {
@@ -92,6 +93,7 @@ static void generate_usage(FILE *fp) {
             "      --sp N                split each step's tokens over N ranks of mpirun -np N,\n"
             "                            each with the whole model (default 1; not with --tp,\n"
             "                            --pp)\n"
+            "      --sp-divide-kv        with --sp N: the KV cache divided over the N ranks\n"
             "  -b, --batch N             prefill chunk in tokens (default 512)\n"
             "  -c, --ctx N               most tokens, prompt + generated (default: the model's\n"
             "                            context_length); more is an error\n"
@@ -223,7 +225,7 @@ static void write_out(const struct buf *b) {
 }
 
 enum {
-    OPT_PROMPT_IDS = 256, OPT_TP, OPT_PP, OPT_SP, OPT_KV_TYPE, OPT_IGNORE_EOS, OPT_LOG_LEVEL, OPT_CHAT, OPT_SYSTEM, OPT_TEMP,
+    OPT_PROMPT_IDS = 256, OPT_TP, OPT_PP, OPT_SP, OPT_SP_DIVIDE_KV, OPT_KV_TYPE, OPT_IGNORE_EOS, OPT_LOG_LEVEL, OPT_CHAT, OPT_SYSTEM, OPT_TEMP,
     OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_REPEAT, OPT_PRESENCE, OPT_FREQUENCY, OPT_SEED,
     OPT_STOP, OPT_LORA, OPT_LORA_NAME,
 };
@@ -250,6 +252,7 @@ static const struct option long_opts[] = {
     {"tp", required_argument, NULL, OPT_TP},
     {"pp", required_argument, NULL, OPT_PP},
     {"sp", required_argument, NULL, OPT_SP},
+    {"sp-divide-kv", no_argument, NULL, OPT_SP_DIVIDE_KV},
     {"ctx", required_argument, NULL, 'c'},
     {"kv-type", required_argument, NULL, OPT_KV_TYPE},
     {"batch", required_argument, NULL, 'b'},
@@ -325,6 +328,7 @@ static int parse_opts(int argc, char **argv, struct generate_opts *o) {
         case OPT_TP: err = parse_i32(optarg, 1, 1024, &o->tp); break;
         case OPT_PP: err = parse_i32(optarg, 1, 1024, &o->pp); break;
         case OPT_SP: err = parse_i32(optarg, 1, 1024, &o->n_sp); break;
+        case OPT_SP_DIVIDE_KV: o->is_kv_divided = true; break;
         case 'b': err = parse_i32(optarg, 1, 1 << 16, &o->batch); break;
         case OPT_IGNORE_EOS: o->ignore_eos = true; break;
         case OPT_LOG_LEVEL: {
@@ -480,6 +484,10 @@ static int run_setup(struct generate_run *g, struct generate_opts *o, int32_t n_
     cp.max_outputs = 1;
     cp.max_batch_tokens = o->batch < n_prompt ? o->batch : n_prompt;
     cp.n_blocks = n_need + 1;
+    if (o->is_kv_divided) {  // the ids 1..n_need fall on the ranks in turn
+        cp.kv_divided = true;
+        cp.n_blocks = (n_need + o->n_sp) / o->n_sp * o->n_sp;
+    }
     cp.kv_type = o->kv_type;
     cp.max_adapters = lora_path ? 1 : 0;
     cp.comm = g->comm;
@@ -613,6 +621,10 @@ int cmd_generate(int argc, char **argv) {
     if (code) return code;
     if (o.n_sp > 1 && (o.tp > 1 || o.pp > 1)) {
         fprintf(stderr, "generate: --sp goes with neither --tp nor --pp\n");
+        return 2;
+    }
+    if (o.is_kv_divided && o.n_sp < 2) {
+        fprintf(stderr, "generate: --sp-divide-kv needs --sp N with N >= 2\n");
         return 2;
     }
     if ((int64_t)o.tp * o.pp > 1024) {

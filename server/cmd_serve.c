@@ -78,6 +78,7 @@ static int start_scheduler(const struct config *cfg, struct engine_model *model,
     sp.n_ctx = cfg->n_ctx;
     sp.max_loras = cfg->max_loras;
     sp.comm = comm;
+    sp.kv_parts = cfg->sp_divide_kv ? cfg->sp : 1;
     int err = engine_kv_type_parse(cfg->kv_type, &sp.kv_type);
     ASSERT(err == 0);  // config/ accepted only the engine's names
     err = scheduler_create(model, &sp, out);
@@ -98,7 +99,7 @@ static int start_scheduler(const struct config *cfg, struct engine_model *model,
     LOG_INFO("kv blocks=%d block_size=%d kv_type=%s block_kib=%.1f kv_mib=%.1f max_seqs=%d "
              "max_batch_tokens=%d threads=%d blas=%s",
              (int)*n_blocks, (int)cfg->block_size, cfg->kv_type, (double)block_bytes / 1024.0,
-             (double)block_bytes * *n_blocks / (1024.0 * 1024.0), (int)cfg->max_seqs,
+             (double)block_bytes * *n_blocks / sp.kv_parts / (1024.0 * 1024.0), (int)cfg->max_seqs,
              (int)cfg->max_batch_tokens, (int)cfg->n_threads, kern_blas_init());
     return 0;
 }

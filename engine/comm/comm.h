@@ -69,6 +69,9 @@ void comm_bcast_idle(struct comm *c, void *p, size_t bytes);
 /* x[i] = sum over ranks of x[i], the same result on every rank. */
 void comm_allreduce_sum(struct comm *c, float *x, int64_t n);
 
+/* x[i] = max over ranks of x[i] (exact: a max rounds nothing). */
+void comm_allreduce_max(struct comm *c, float *x, int64_t n);
+
 /* Point to point (pipeline parallelism): n floats at x to rank `to`, which
  * receives them with comm_recv from this rank; both block until the
  * transfer is done. Only in a job of several ranks (never with a NULL comm). */
@@ -80,6 +83,12 @@ void comm_recv(struct comm *c, int32_t from, float *x, int64_t n);
  * and afterwards every rank has every part (allgatherv). Each count fits an
  * int. */
 void comm_allgather_parts(struct comm *c, float *all, const int64_t *counts);
+
+/* The sum over ranks of all (every rank's counts[0] + counts[1] + ...
+ * floats), of which this rank receives only its own part, the counts[rank]
+ * floats after the parts of the ranks before it, into mine (reduce-scatter;
+ * all is clobbered). Each count fits an int. */
+void comm_reduce_scatter_parts(struct comm *c, float *all, const int64_t *counts, float *mine);
 
 /* As comm_allgather_parts, but only rank 0 receives the parts (gatherv);
  * the others' all is left as it is. */

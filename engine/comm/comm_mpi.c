@@ -205,6 +205,18 @@ void comm_allreduce_sum(struct comm *c, float *x, int64_t n) {
     }
 }
 
+void comm_allreduce_max(struct comm *c, float *x, int64_t n) {
+    if (!c || c->size == 1) return;
+    DASSERT(n >= 0);
+    while (n > 0) {
+        const int k = n > INT_MAX ? INT_MAX : (int)n;
+        MPI_Allreduce(MPI_IN_PLACE, x, k, MPI_FLOAT, MPI_MAX, c->mc);
+        count_sent(c, (uint64_t)k * sizeof(float));
+        x += k;
+        n -= k;
+    }
+}
+
 void comm_send(struct comm *c, int32_t to, const float *x, int64_t n) {
     ASSERT(c && c->size > 1 && to >= 0 && to < c->size && to != c->rank && n >= 0);
     while (n > 0) {
@@ -248,6 +260,16 @@ void comm_allgather_parts(struct comm *c, float *all, const int64_t *counts) {
     MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, all, c->part_counts, c->part_displs,
                    MPI_FLOAT, c->mc);
     count_sent(c, (uint64_t)counts[c->rank] * sizeof(float));
+}
+
+void comm_reduce_scatter_parts(struct comm *c, float *all, const int64_t *counts, float *mine) {
+    if (!c || c->size == 1) {
+        if (mine != all) memmove(mine, all, (size_t)counts[0] * sizeof(float));
+        return;
+    }
+    const int64_t total = parts_layout(c, counts);
+    MPI_Reduce_scatter(all, mine, c->part_counts, MPI_FLOAT, MPI_SUM, c->mc);
+    count_sent(c, (uint64_t)total * sizeof(float));
 }
 
 void comm_gather_parts(struct comm *c, float *all, const int64_t *counts) {

@@ -108,6 +108,8 @@ static void attention_items(void *arg, int64_t begin, int64_t end, int32_t ith, 
     const int32_t bs = kv->block_size;
     const int32_t n_rep = a->n_head / n_head_kv;
     const int32_t max_rows = ATTENTION_TILE * n_rep;
+    const bool is_part = a->part_m != NULL;
+    ASSERT(is_part == (kv->n_parts > 1));
 
     const size_t s_floats = (size_t)max_rows * bs > (size_t)KERN_ATTN_ROWS * KERN_ATTN_RUN * bs
                                 ? (size_t)max_rows * bs
@@ -147,7 +149,23 @@ static void attention_items(void *arg, int64_t begin, int64_t end, int32_t ith, 
 
         const int32_t first = row_lo[0];              // smallest lo of the tile
         const int32_t last = row_hi[n_rows - 1];      // largest hi of the tile
-        if (kern->step) {
+        if (kern->step && is_part) {
+            // A divided cache: this rank's blocks one step each (its blocks are
+            // seldom consecutive ids, and the step's units want no gaps).
+            for (int32_t bi = first / bs; bi <= last / bs; bi++) {
+                const int32_t block = block_of(kv, sq, bi);
+                if (!kv_holds(kv, block)) continue;
+                const void *kt = kv_k_tile(kv, a->layer, block, g);
+                const void *vt = kv_v_tile(kv, a->layer, block, g);
+                struct kern_attn_step st = {
+                    .q = qrow, .lo = row_lo, .hi = row_hi, .n_rows = n_rows, .pos0 = bi * bs,
+                    .n_blocks = 1, .hd = hd, .bs = bs, .scale = a->scale, .kt = &kt, .vt = &vt,
+                    .n_next = 0, .tile_bytes = kv->tile_bytes, .m = m, .l = l, .acc = acc,
+                    .scratch = S,
+                };
+                kern->step(&st);
+            }
+        } else if (kern->step) {
             // The fused kernel: all rows over runs of up to KERN_ATTN_RUN blocks
             // that start at multiples of KERN_ATTN_RUN (whatever the rows, so the
             // kernel's units, and a row's bits, do not depend on the batch),
@@ -171,7 +189,10 @@ static void attention_items(void *arg, int64_t begin, int64_t end, int32_t ith, 
             }
         }
         for (int32_t bi = first / bs; !kern->step && bi <= last / bs; bi++) {
-            if (bi < last / bs) {
+            if (is_part && !kv_holds(kv, block_of(kv, sq, bi))) continue;
+            if (is_part) {
+                // no prefetch: the next block held here is not known yet
+            } else if (bi < last / bs) {
                 prefetch_block(kv, sq, a->layer, g, bi + 1);
             } else if (item + nth < n_items) {  // this thread's next item's first block
                 const struct attention_tile *nt = &a->tiles[(item + nth) / n_head_kv];
@@ -208,7 +229,14 @@ static void attention_items(void *arg, int64_t begin, int64_t end, int32_t ith, 
         for (int32_t r = 0; r < n_rows; r++) {
             const int32_t tt = r / n_rep;
             const int32_t h = r % n_rep;
-            float *o = a->out + ((size_t)(tile->t0 + tt) * a->n_head + (size_t)g * n_rep + h) * hd;
+            const size_t row = (size_t)(tile->t0 + tt) * a->n_head + (size_t)g * n_rep + h;
+            float *o = a->out + row * hd;
+            if (is_part) {
+                a->part_m[row] = m[r];
+                a->part_l[row] = l[r];
+                memcpy(o, acc + (size_t)r * hd, (size_t)hd * sizeof(float));
+                continue;
+            }
             const float inv = 1.0f / l[r];
             for (int32_t d = 0; d < hd; d++) o[d] = acc[(size_t)r * hd + d] * inv;
         }

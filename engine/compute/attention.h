@@ -38,6 +38,12 @@ struct attention_args {
     int32_t n_tiles;
     const float *q;       // [n_tokens][n_head][head_dim], RoPE applied
     float *out;           // [n_tokens][n_head][head_dim]
+    // A KV cache divided over ranks (kv->n_parts > 1): the keys of this rank's
+    // blocks only, and out unnormalised (the running acc of the recurrence),
+    // each row's m and l here, for the ranks to combine (forward.c). NULL: the
+    // whole cache is here, out is the attention itself.
+    float *part_m;        // [n_tokens][n_head], or NULL
+    float *part_l;        // [n_tokens][n_head]
     int32_t n_head;
     int32_t window;       // 0: full causal attention; W: keys in (pos - W, pos]
     float scale;          // usually 1 / sqrt(head_dim)
@@ -57,7 +63,9 @@ int32_t attention_tiles(const struct engine_batch *b, struct attention_tile *til
 
 /* Computes out for every token of the batch. The K/V of every position each
  * token attends to must already be in kv (asserted through the block table:
- * a needed entry must not be the null block). */
+ * a needed entry must not be the null block). With part_m, over the blocks
+ * kv holds only (a row without keys here: m = -inf, l = 0, acc = 0), each
+ * block its own step, so a row's bits still do not depend on the batch. */
 void attention_run(struct threadpool *pool, const struct attention_args *a);
 
 #endif

@@ -63,8 +63,15 @@ struct engine_ctx {
     float *logits_all;        // [TP][max_outputs][vocab stride] that stage's TP rank 0 at
                               //   TP > 1: every rank's logits_part, gathered; else NULL
 
-    int64_t *sp_counts;       // [SP ranks] sequence parallelism: floats of each rank's part
-                              //   of a shared collective (forward.c); else NULL
+    int64_t *sp_counts;       // [3][SP ranks] sequence parallelism: floats of each rank's
+                              //   part of a shared collective: its K/V rows, its Q rows,
+                              //   its attention partials (forward.c); else NULL
+    // A KV pool divided over the SP ranks (params.kv_divided; else all NULL):
+    float *att_m;             // [T][n_head] this rank's running max per query row
+    float *att_l;             // [T][n_head] and sum of exponentials
+    float *att_mx;            // [T][n_head] the max over the ranks
+    float *att_comb;          // [2][T][n_head * (head_dim + 1)] the partials to sum (acc, l),
+                              //   then this rank's rows of the sum
 
     // Adapters (engine/lora.h); all NULL/empty when params.max_adapters is 0.
     struct engine_adapter **adapters;  // [max_adapters] slots: an owned reference or NULL

@@ -80,7 +80,8 @@ static void swiglu_items(void *arg, int64_t begin, int64_t end, int32_t ith, int
     }
 }
 
-/* Writes this batch's K and V into the sequences' blocks, in the KV type. */
+/* Writes this batch's K and V into the sequences' blocks, in the KV type
+ * (a divided pool: only the blocks this rank holds). */
 static void kv_write(const struct kv_store *kv, int32_t il, const struct engine_batch *b,
                      const float *k, const float *v) {
     const int32_t n_kv = kv->n_head_kv * kv->head_dim;
@@ -88,8 +89,9 @@ static void kv_write(const struct kv_store *kv, int32_t il, const struct engine_
     for (int32_t t = 0; t < b->n_tokens; t++) {
         const struct engine_seq *sq = &b->seqs[b->seq[t]];
         const int32_t pos = b->pos[t];
-        kv_write_token(kv, il, sq->block_table[pos / bs], pos % bs, k + (size_t)t * n_kv,
-                       v + (size_t)t * n_kv);
+        const int32_t block = sq->block_table[pos / bs];
+        if (!kv_holds(kv, block)) continue;
+        kv_write_token(kv, il, block, pos % bs, k + (size_t)t * n_kv, v + (size_t)t * n_kv);
     }
 }
 
@@ -101,6 +103,68 @@ static void sp_share_kv(struct engine_ctx *ctx, const struct engine_batch *full,
     comm_allgather_parts(ctx->comm, ctx->k, ctx->sp_counts);
     comm_allgather_parts(ctx->comm, ctx->v, ctx->sp_counts);
     kv_write(&ctx->kv, kl, full, ctx->k, ctx->v);
+}
+
+/* Attention over a KV pool divided over the SP ranks (kv.h): every rank
+ * attends every query of the step to the blocks it holds (the online-softmax
+ * recurrence, stopped before it divides), then the ranks combine their
+ * partials, which is the recurrence's own merge of two runs of keys:
+ *
+ *   M = max_r m_r,  f_r = exp(m_r - M)  (0 where rank r saw no key),
+ *   out = (sum_r f_r acc_r) / (sum_r f_r l_r)
+ *
+ * the max by one allreduce, the two sums, packed per token as
+ * [n_head][head_dim] acc then [n_head] l, by one reduce-scatter that leaves
+ * each rank the rows of its own tokens (a split step), or one allreduce when
+ * every rank runs the whole step. A split step first gathers every rank's Q
+ * rows (at their places in ctx->q). The result: this rank's tokens' attention
+ * at ctx->att's first rows, for the output projection. */
+static void attend_divided(struct engine_ctx *ctx, struct attention_args *att,
+                           const struct engine_batch *full, int32_t t0, int32_t n_own,
+                           bool is_sp) {
+    const int32_t n_sp = ctx->model->shard.n_sp;
+    const int32_t T = full->n_tokens;
+    const int32_t n_head = att->n_head;
+    const int32_t hd = ctx->kv.head_dim;
+    const int64_t n_q = (int64_t)n_head * hd;
+    const int64_t w = n_q + n_head;  // floats per token of the sums
+    if (is_sp) comm_allgather_parts(ctx->comm, ctx->q, ctx->sp_counts + n_sp);
+    att->part_m = ctx->att_m;
+    att->part_l = ctx->att_l;
+    attention_run(ctx->pool, att);  // [T][Q] unnormalised, [T][n_head] m and l
+
+    const int64_t n_rows = (int64_t)T * n_head;
+    memcpy(ctx->att_mx, ctx->att_m, (size_t)n_rows * sizeof(float));
+    comm_allreduce_max(ctx->comm, ctx->att_mx, n_rows);
+    float *comb = ctx->att_comb;  // [T][w]
+    for (int64_t t = 0; t < T; t++) {
+        for (int32_t h = 0; h < n_head; h++) {
+            const int64_t row = t * n_head + h;
+            const float m = ctx->att_m[row];
+            const float f = m == -INFINITY ? 0.0f : expf(m - ctx->att_mx[row]);
+            const float *acc = ctx->att + row * hd;
+            float *c = comb + t * w + (int64_t)h * hd;
+            for (int32_t d = 0; d < hd; d++) c[d] = acc[d] * f;
+            comb[t * w + n_q + h] = ctx->att_l[row] * f;
+        }
+    }
+    const float *own = comb;  // [n_own][w]: this rank's tokens' sums
+    if (is_sp) {
+        float *mine = comb + (size_t)T * w;
+        comm_reduce_scatter_parts(ctx->comm, comb, ctx->sp_counts + 2 * n_sp, mine);
+        own = mine;
+    } else {
+        comm_allreduce_sum(ctx->comm, comb, (int64_t)T * w);
+        own = comb + (int64_t)t0 * w;
+    }
+    for (int64_t t = 0; t < n_own; t++) {
+        for (int32_t h = 0; h < n_head; h++) {
+            const float inv = 1.0f / own[t * w + n_q + h];
+            const float *c = own + t * w + (int64_t)h * hd;
+            float *o = ctx->att + (t * n_head + h) * hd;
+            for (int32_t d = 0; d < hd; d++) o[d] = c[d] * inv;
+        }
+    }
 }
 
 /* The decoder layers of this stage over batch b (a whole batch, one
@@ -127,6 +191,10 @@ static void run_layers(struct engine_ctx *ctx, const struct engine_batch *full,
     const int64_t n_x = (int64_t)T * n_embd;
     float *k = ctx->k + (is_sp ? (size_t)t0 * n_head_kv * head_dim : 0);  // [T][KV]
     float *v = ctx->v + (is_sp ? (size_t)t0 * n_head_kv * head_dim : 0);
+    // A divided KV pool (attend_divided): Q at its place too, every query attends
+    const bool is_divided = ctx->kv.n_parts > 1;
+    float *q = ctx->q + (is_sp && is_divided ? (size_t)t0 * n_q : 0);      // [T][Q]
+    const struct engine_batch *ab_att = is_divided ? full : b;  // whose queries attend
 
     // RoPE angles per token, shared by every layer                       [T][n_rot/2]
     for (int32_t t = 0; t < T; t++) {
@@ -147,11 +215,11 @@ static void run_layers(struct engine_ctx *ctx, const struct engine_batch *full,
                         ctx->params.max_adapters, ctx->ab_count);
 
     // Query tiles for attention, shared by every layer
-    const int32_t n_tiles = attention_tiles(b, ctx->att_tiles);
+    const int32_t n_tiles = attention_tiles(ab_att, ctx->att_tiles);
 
     struct attention_args att = {
         .kv = &ctx->kv,
-        .batch = b,
+        .batch = ab_att,
         .tiles = ctx->att_tiles,
         .n_tiles = n_tiles,
         .kern = ctx->attn_kern,
@@ -172,20 +240,20 @@ static void run_layers(struct engine_ctx *ctx, const struct engine_batch *full,
         rmsnorm_rows(ctx->xb, x, L->attn_norm, T, n_embd, hp->norm_eps);
 
         // Q, K, V projections (+ bias for qwen2)                  [T][Q], [T][KV]
-        kern_matmul(pool, ks, L->wq, ctx->xb, T, ctx->q);
+        kern_matmul(pool, ks, L->wq, ctx->xb, T, q);
         kern_matmul(pool, ks, L->wk, ctx->xb, T, k);
         kern_matmul(pool, ks, L->wv, ctx->xb, T, v);
-        const struct adapter_target qkv[3] = {{ADAPTER_PROJ_Q, ctx->q, n_q},
+        const struct adapter_target qkv[3] = {{ADAPTER_PROJ_Q, q, n_q},
                                               {ADAPTER_PROJ_K, k, n_kv},
                                               {ADAPTER_PROJ_V, v, n_kv}};
         adapter_apply_lora(pool, ab, il, ctx->xb, n_embd, qkv, 3);       // + B (s A xb)
-        if (L->bq) add_bias(ctx->q, L->bq, T, n_q);
+        if (L->bq) add_bias(q, L->bq, T, n_q);
         if (L->bk) add_bias(k, L->bk, T, n_kv);
         if (L->bv) add_bias(v, L->bv, T, n_kv);
 
         // Per-head RMSNorm of q and k (qwen3)                 [T * n_head][head_dim]
         if (L->q_norm) {
-            rmsnorm_rows(ctx->q, ctx->q, L->q_norm, (int64_t)T * n_head, head_dim, hp->norm_eps);
+            rmsnorm_rows(q, q, L->q_norm, (int64_t)T * n_head, head_dim, hp->norm_eps);
             rmsnorm_rows(k, k, L->k_norm, (int64_t)T * n_head_kv, head_dim,
                          hp->norm_eps);
         }
@@ -194,7 +262,7 @@ static void run_layers(struct engine_ctx *ctx, const struct engine_batch *full,
         for (int32_t t = 0; t < T; t++) {
             const float *c = ctx->rope_cos + (size_t)t * n_pairs;
             const float *s = ctx->rope_sin + (size_t)t * n_pairs;
-            rope_apply(ctx->q + (size_t)t * n_q, n_head, head_dim, hp->n_rot, c, s, m->arch->rope);
+            rope_apply(q + (size_t)t * n_q, n_head, head_dim, hp->n_rot, c, s, m->arch->rope);
             rope_apply(k + (size_t)t * n_kv, n_head_kv, head_dim, hp->n_rot, c, s,
                        m->arch->rope);
         }
@@ -203,7 +271,8 @@ static void run_layers(struct engine_ctx *ctx, const struct engine_batch *full,
         if (is_sp) sp_share_kv(ctx, full, kl);
         else kv_write(&ctx->kv, kl, b, k, v);
         att.layer = kl;
-        attention_run(pool, &att);                                       // [T][Q]
+        if (is_divided) attend_divided(ctx, &att, full, t0, T, is_sp);   // [T][Q]
+        else attention_run(pool, &att);                                  // [T][Q]
 
         // Output projection (+ LoRA), summed over the ranks, bottleneck adapter,
         // residual                                                       [T][E]
@@ -312,8 +381,12 @@ void forward_run(struct engine_ctx *ctx, const struct engine_batch *b, int32_t n
         s0 = shard_sp_first(sh, T, sh->sp_rank);
         s1 = shard_sp_first(sh, T, sh->sp_rank + 1);
         const int64_t n_kv = (int64_t)sh->n_head_kv * hp->head_dim;
+        const int64_t n_q = (int64_t)sh->n_head * hp->head_dim;
         for (int32_t r = 0; r < sh->n_sp; r++) {
-            ctx->sp_counts[r] = (shard_sp_first(sh, T, r + 1) - shard_sp_first(sh, T, r)) * n_kv;
+            const int64_t n_r = shard_sp_first(sh, T, r + 1) - shard_sp_first(sh, T, r);
+            ctx->sp_counts[r] = n_r * n_kv;                                // K or V rows
+            ctx->sp_counts[sh->n_sp + r] = n_r * n_q;                      // Q rows
+            ctx->sp_counts[2 * sh->n_sp + r] = n_r * (n_q + sh->n_head);   // acc and l
         }
     }
     const int32_t n_mb = n_micro_batches(sh, T);

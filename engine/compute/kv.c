@@ -37,23 +37,33 @@ size_t kv_block_bytes(enum engine_kv_type type, int32_t n_layer, int32_t n_head_
 
 int kv_init(struct kv_store *kv, enum engine_kv_type type, int32_t n_layer, int32_t n_blocks,
             int32_t block_size, int32_t n_head_kv, int32_t head_dim) {
+    return kv_init_part(kv, type, n_layer, n_blocks, block_size, n_head_kv, head_dim, 1, 0);
+}
+
+int kv_init_part(struct kv_store *kv, enum engine_kv_type type, int32_t n_layer,
+                 int32_t n_blocks, int32_t block_size, int32_t n_head_kv, int32_t head_dim,
+                 int32_t n_parts, int32_t part) {
     memset(kv, 0, sizeof(*kv));
     ASSERT(type >= 0 && type < ENGINE_KV_TYPE_COUNT);
+    ASSERT(n_parts >= 1 && part >= 0 && part < n_parts && n_blocks % n_parts == 0);
     kv->type = type;
     kv->n_layer = n_layer;
     kv->n_blocks = n_blocks;
+    kv->n_parts = n_parts;
+    kv->part = part;
+    kv->n_local = n_blocks / n_parts;
     kv->block_size = block_size;
     kv->n_head_kv = n_head_kv;
     kv->head_dim = head_dim;
     kv->tile_bytes = kv_tile_bytes(type, head_dim, block_size);
     kv->block_bytes = (size_t)n_head_kv * kv->tile_bytes;
-    size_t n = (size_t)n_layer * (size_t)n_blocks * kv->block_bytes;
+    size_t n = (size_t)n_layer * (size_t)kv->n_local * kv->block_bytes;
     // calloc: the pages are committed only when first written.
     kv->k = calloc(n, 1);
     kv->v = calloc(n, 1);
     if (!kv->k || !kv->v) {
         LOG_ERROR("%s: cannot allocate %zu MiB of %s KV storage for %d blocks", __func__,
-                  2 * n >> 20, engine_kv_type_name(type), n_blocks);
+                  2 * n >> 20, engine_kv_type_name(type), kv->n_local);
         kv_free(kv);
         return ERR_NOMEM;
     }

@@ -21,10 +21,19 @@
  * d = max |x| / 127, q = round(x / d), so |x - d q| <= d / 2 = max |x| / 254.
  * A token's stored bytes depend only on its own K/V, never on the batch.
  * Block 0 is the null block: never written.
+ *
+ * Divided over n_parts ranks (sequence parallelism with its KV cache divided,
+ * `--sp-kv divided`): the ids 0 .. n_blocks - 1 are every rank's, but this
+ * store holds only the blocks b with b % n_parts == part, at local index
+ * b / n_parts: n_blocks / n_parts blocks of storage. Ids come off the
+ * scheduler's one free list, so a sequence's blocks fall on the ranks in turn
+ * (and, after churn, evenly on average); every rank writes and reads only its
+ * own. Undivided, n_parts is 1 and every block is here.
  */
 #ifndef LLMSERVE_KV_H
 #define LLMSERVE_KV_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -33,7 +42,10 @@
 struct kv_store {
     enum engine_kv_type type;
     int32_t n_layer;
-    int32_t n_blocks;
+    int32_t n_blocks;     // block ids, over all parts
+    int32_t n_parts;      // 1: every block here; N: one block in N (above)
+    int32_t part;         // this store's blocks: b % n_parts == part
+    int32_t n_local;      // n_blocks / n_parts: the blocks of storage here
     int32_t block_size;
     int32_t n_head_kv;
     int32_t head_dim;
@@ -54,18 +66,32 @@ size_t kv_block_bytes(enum engine_kv_type type, int32_t n_layer, int32_t n_head_
 int kv_init(struct kv_store *kv, enum engine_kv_type type, int32_t n_layer, int32_t n_blocks,
             int32_t block_size, int32_t n_head_kv, int32_t head_dim);
 
+/* kv_init of the part `part` of n_parts (n_blocks a multiple of n_parts). */
+int kv_init_part(struct kv_store *kv, enum engine_kv_type type, int32_t n_layer,
+                 int32_t n_blocks, int32_t block_size, int32_t n_head_kv, int32_t head_dim,
+                 int32_t n_parts, int32_t part);
 /* Frees; safe on a zeroed struct. */
 void kv_free(struct kv_store *kv);
 
-/* The K tile or V tile of kv head h of block b in layer il (layouts above). */
-static inline void *kv_k_tile(const struct kv_store *kv, int32_t il, int32_t b, int32_t h) {
-    return kv->k + ((size_t)il * (size_t)kv->n_blocks + (size_t)b) * kv->block_bytes +
+/* Whether block b is stored here (always, undivided). */
+static inline bool kv_holds(const struct kv_store *kv, int32_t b) {
+    return kv->n_parts == 1 || b % kv->n_parts == kv->part;
+}
+
+/* Where the tiles of kv head h of block b (held here) of layer il start. */
+static inline size_t kv_tile_offset(const struct kv_store *kv, int32_t il, int32_t b, int32_t h) {
+    const int32_t local = kv->n_parts == 1 ? b : b / kv->n_parts;
+    return ((size_t)il * (size_t)kv->n_local + (size_t)local) * kv->block_bytes +
            (size_t)h * kv->tile_bytes;
 }
 
+/* The K tile or V tile of kv head h of block b in layer il (layouts above). */
+static inline void *kv_k_tile(const struct kv_store *kv, int32_t il, int32_t b, int32_t h) {
+    return kv->k + kv_tile_offset(kv, il, b, h);
+}
+
 static inline void *kv_v_tile(const struct kv_store *kv, int32_t il, int32_t b, int32_t h) {
-    return kv->v + ((size_t)il * (size_t)kv->n_blocks + (size_t)b) * kv->block_bytes +
-           (size_t)h * kv->tile_bytes;
+    return kv->v + kv_tile_offset(kv, il, b, h);
 }
 
 /* Stores one token's K and V ([n_head_kv][head_dim] floats each) into slot

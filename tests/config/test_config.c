@@ -131,6 +131,15 @@ static void test_config_cross_field_rules(void **state) {
     assert_int_equal(load(&c, msg, 7, a9), ERR_INVAL);
     assert_non_null(strstr(msg, "--sp 2 goes with neither --tp nor --pp"));
     config_deinit(&c);
+    // The KV cache divided over the SP ranks: only with some.
+    char *a9b[] = {"serve", "-m", "x", "--sp", "2", "--sp-divide-kv", NULL};
+    assert_int_equal(load(&c, msg, 6, a9b), 0);
+    assert_true(c.sp_divide_kv);
+    config_deinit(&c);
+    char *a9c[] = {"serve", "-m", "x", "--sp-divide-kv", NULL};
+    assert_int_equal(load(&c, msg, 4, a9c), ERR_INVAL);
+    assert_non_null(strstr(msg, "--sp-divide-kv divides the KV cache over the ranks of --sp N"));
+    config_deinit(&c);
     char *a10[] = {"serve", "-m", "x", "--draft-model", "d.gguf", NULL};
     assert_int_equal(load(&c, msg, 5, a10), 0);
     assert_string_equal(c.draft_model_path, "d.gguf");

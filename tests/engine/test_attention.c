@@ -10,7 +10,8 @@
  * relative; q8_0: max|group| / 254 per value). The SIMD pieces and the fused
  * AVX-512 step are also checked against the portable pieces directly. And
  * every path is batch-invariant: a token decoded alone gets the same bits as
- * in a prefill tile.
+ * in a prefill tile. A KV pool divided over 2-4 parts: the parts' partial
+ * states, merged in float64, against the same naive softmax.
  */
 #include <math.h>
 #include <stdbool.h>
@@ -648,6 +649,167 @@ static void test_attention_kv_bytes_per_token(void **state) {
     assert_string_equal(engine_kv_type_name(ENGINE_KV_TYPE_F32), "f32");
 }
 
+/* A KV pool divided over n_parts ranks (kv.h): each part holds the blocks
+ * b % n_parts == part only, its attention_run with part_m gives the
+ * recurrence's unnormalised state over those keys, and the parts merged by
+ * the rule forward.c uses, out = sum_r e^(m_r - M) acc_r / sum_r e^(m_r - M)
+ * l_r (M the max of the m_r), computed here in float64, must be the naive
+ * softmax over every key as stored. Shuffled block tables give each part an
+ * uneven share (some rows none of their keys: m = -inf, l = 0 there), decode
+ * rows and prefill tiles, windows that leave parts without keys. */
+static void check_divided(struct threadpool *pool, int32_t n_parts, const struct shape *sh,
+                          enum engine_kv_type type, enum kern_isa isa) {
+    const int32_t hd = sh->head_dim, n_kv = sh->n_head_kv, bs = sh->block_size;
+    const int32_t n_head = n_kv * sh->n_rep;
+    const int32_t n_blocks_seq = (sh->ctx + bs - 1) / bs;
+    const int32_t n_blocks = (n_blocks_seq + 1 + n_parts - 1) / n_parts * n_parts;
+    struct kv_store kv[4];
+    assert_true(n_parts <= 4);
+    for (int32_t r = 0; r < n_parts; r++) {
+        assert_int_equal(kv_init_part(&kv[r], type, 1, n_blocks, bs, n_kv, hd, n_parts, r), 0);
+        assert_int_equal(kv[r].n_local, n_blocks / n_parts);
+    }
+    int32_t *table = malloc((size_t)n_blocks_seq * sizeof(int32_t));
+    for (int32_t i = 0; i < n_blocks_seq; i++) table[i] = i + 1;
+    for (int32_t i = n_blocks_seq - 1; i > 0; i--) {
+        int32_t j = (int32_t)(rng % (uint64_t)(i + 1));
+        frand();
+        int32_t tmp = table[i];
+        table[i] = table[j];
+        table[j] = tmp;
+    }
+    const size_t n_vals = (size_t)sh->ctx * n_kv * hd;
+    float *Ks = malloc(n_vals * sizeof(float));  // as stored, in its part
+    float *Vs = malloc(n_vals * sizeof(float));
+    float *kp = malloc((size_t)n_kv * hd * sizeof(float));
+    float *vp = malloc((size_t)n_kv * hd * sizeof(float));
+    for (int32_t p = 0; p < sh->ctx; p++) {
+        for (int32_t i = 0; i < n_kv * hd; i++) {
+            kp[i] = frand() * 2.0f;
+            vp[i] = frand();
+        }
+        const int32_t block = table[p / bs];
+        int32_t n_holders = 0;
+        for (int32_t r = 0; r < n_parts; r++) {
+            if (!kv_holds(&kv[r], block)) continue;
+            n_holders++;
+            kv_write_token(&kv[r], 0, block, p % bs, kp, vp);
+            kv_read_token(&kv[r], 0, block, p % bs, Ks + (size_t)p * n_kv * hd,
+                          Vs + (size_t)p * n_kv * hd);
+        }
+        assert_int_equal(n_holders, 1);
+    }
+
+    const int32_t nq = sh->n_query;
+    int32_t *tok = calloc((size_t)nq, sizeof(int32_t));
+    int32_t *pos = malloc((size_t)nq * sizeof(int32_t));
+    int32_t *seq = calloc((size_t)nq, sizeof(int32_t));
+    int8_t *out_flag = calloc((size_t)nq, 1);
+    for (int32_t i = 0; i < nq; i++) pos[i] = sh->ctx - nq + i;
+    struct engine_seq s = {.block_table = table, .n_blocks = n_blocks_seq};
+    struct engine_batch b = {.n_tokens = nq, .token = tok, .pos = pos, .seq = seq,
+                             .output = out_flag, .n_seqs = 1, .seqs = &s};
+    const size_t n_rows = (size_t)nq * n_head;
+    float *q = malloc(n_rows * hd * sizeof(float));
+    for (size_t i = 0; i < n_rows * hd; i++) q[i] = frand();
+    float *acc = malloc((size_t)n_parts * n_rows * hd * sizeof(float));
+    float *m = malloc((size_t)n_parts * n_rows * sizeof(float));
+    float *l = malloc((size_t)n_parts * n_rows * sizeof(float));
+    struct attention_tile *tiles = malloc((size_t)nq * sizeof(*tiles));
+    const size_t sf = attention_scratch_floats(n_head, n_kv, hd, bs);
+    float *scratch = malloc(sf * (size_t)threadpool_n_threads(pool) * sizeof(float));
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int32_t r = 0; r < n_parts; r++) {
+        struct attention_args a = {
+            .kv = &kv[r], .layer = 0, .batch = &b, .tiles = tiles,
+            .n_tiles = attention_tiles(&b, tiles), .q = q, .out = acc + (size_t)r * n_rows * hd,
+            .part_m = m + (size_t)r * n_rows, .part_l = l + (size_t)r * n_rows,
+            .n_head = n_head, .window = sh->window, .scale = scale,
+            .kern = kern_attn_select(type, isa), .scratch = scratch, .scratch_floats = sf,
+        };
+        attention_run(pool, &a);
+    }
+
+    double *w = malloc((size_t)sh->ctx * sizeof(double));
+    double *o = malloc((size_t)hd * sizeof(double));
+    int32_t n_empty = 0;  // (row, part) pairs without keys
+    for (int32_t i = 0; i < nq; i++) {
+        const int32_t p = pos[i];
+        const int32_t lo = sh->window > 0 && p - sh->window + 1 > 0 ? p - sh->window + 1 : 0;
+        for (int32_t h = 0; h < n_head; h++) {
+            const size_t row = (size_t)i * n_head + h;
+            naive(q + row * hd, Ks, Vs, n_kv, h / sh->n_rep, hd, lo, p, scale, w, o);
+            double mx = -INFINITY;
+            for (int32_t r = 0; r < n_parts; r++) {
+                const float mr = m[(size_t)r * n_rows + row];
+                if (mr == -INFINITY) {
+                    n_empty++;
+                    assert_true(l[(size_t)r * n_rows + row] == 0.0f);
+                }
+                mx = mr > mx ? mr : mx;
+            }
+            for (int32_t d = 0; d < hd; d++) {
+                double num = 0.0, den = 0.0;
+                for (int32_t r = 0; r < n_parts; r++) {
+                    const float mr = m[(size_t)r * n_rows + row];
+                    const double f = mr == -INFINITY ? 0.0 : exp((double)mr - mx);
+                    num += f * acc[((size_t)r * n_rows + row) * hd + d];
+                    den += f * l[(size_t)r * n_rows + row];
+                }
+                if (fabs(num / den - o[d]) > F32_TOL) {
+                    fail_msg("divided over %d, %s %s hd=%d bs=%d ctx=%d window=%d: query %d "
+                             "head %d dim %d: %g vs %g", n_parts, engine_kv_type_name(type),
+                             kern_attn_select(type, isa)->isa, hd, bs, sh->ctx, sh->window, i,
+                             h, d, num / den, o[d]);
+                }
+            }
+        }
+    }
+    // Narrow windows leave some part without a row's keys: that case was met.
+    if (sh->window > 0 && sh->window <= bs) assert_true(n_empty > 0);
+    for (int32_t r = 0; r < n_parts; r++) kv_free(&kv[r]);
+    free(w);
+    free(o);
+    free(scratch);
+    free(tiles);
+    free(q);
+    free(acc);
+    free(m);
+    free(l);
+    free(tok);
+    free(pos);
+    free(seq);
+    free(out_flag);
+    free(Ks);
+    free(Vs);
+    free(kp);
+    free(vp);
+    free(table);
+}
+
+static void test_attention_divided_partials_combine(void **state) {
+    (void)state;
+    struct threadpool *pool = threadpool_create(2);
+    enum kern_isa isas[3];
+    const int32_t n_isas = isa_levels(isas);
+    for (int type = 0; type < ENGINE_KV_TYPE_COUNT; type++) {
+        for (int32_t ii = 0; ii < n_isas; ii++) {
+            for (int32_t n_parts = 2; n_parts <= 4; n_parts++) {
+                // prefill tiles over many blocks, GQA; decode rows; narrow windows
+                const struct shape shapes[] = {
+                    {64, 2, 4, 16, 300, 0, 20}, {32, 1, 1, 8, 97, 0, 1},
+                    {64, 2, 2, 16, 200, 12, 17}, {16, 1, 2, 5, 61, 4, 3},
+                };
+                for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+                    check_divided(pool, n_parts, &shapes[i], (enum engine_kv_type)type,
+                                  isas[ii]);
+                }
+            }
+        }
+    }
+    threadpool_free(pool);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attention_matches_naive_softmax),
@@ -657,6 +819,7 @@ int main(void) {
         cmocka_unit_test(test_attention_kernels_match_portable),
         cmocka_unit_test(test_attention_step_matches_pieces),
         cmocka_unit_test(test_attention_kv_bytes_per_token),
+        cmocka_unit_test(test_attention_divided_partials_combine),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -18,7 +18,8 @@
  * `--pp M` splits the layers into M pipeline stages as well (the job has
  * TP x PP ranks, stage-major): meson runs --pp 2 and --tp 2 --pp 2. `--sp N`
  * splits each step's tokens over N ranks instead (sequence parallelism):
- * meson runs --sp 2 and --sp 4.
+ * meson runs --sp 2 and --sp 4, each also with `--sp-kv divided` (the KV pool
+ * divided over the ranks, attention combined across them).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -285,6 +286,15 @@ static void check_model_sharded_quant(const char *name) {
     }
     engine_ctx_free(ctx);
     f.tol = 1e-4f * (max_abs > 1.0f ? max_abs : 1.0f);
+    // A divided KV pool sums the ranks' attention partials in another order than
+    // one process walks the keys, so a row's attention differs in its last bits;
+    // the f32 models above hold 1e-4 against numpy that way, but here the q8_0
+    // matrix products round their input to 8 bits, and a last-bit change can
+    // move one of those roundings: llama-kv4-q8_0's seq 0 at pos 24, the row
+    // that moves by 0.099 (of logits up to 13) between schedules in one process
+    // too (below). 2% of the logits' scale is what such a flip costs; a wrong
+    // combination is off by the logits' own size.
+    if (mpi_job.is_kv_divided) f.tol = 2e-2f * (max_abs > 1.0f ? max_abs : 1.0f);
     run_schedule(&f, 16, 64, false, false, "sharded, alone, one prefill");
     // The chunked schedule against the single process on the same schedule,
     // not against one prefill: on an AVX2 machine the single process alone

@@ -38,9 +38,13 @@ int mpi_job_start(int argc, char **argv) {
         if (strcmp(argv[i], "--tp") == 0) mpi_job.n_tp = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--pp") == 0) mpi_job.n_pp = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--sp") == 0) mpi_job.n_sp = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--sp-kv") == 0) {
+            mpi_job.is_kv_divided = strcmp(argv[i + 1], "divided") == 0;
+        }
     }
     if (mpi_job.n_tp < 1 || mpi_job.n_pp < 1 || mpi_job.n_sp < 1 ||
-        (mpi_job.n_sp > 1 && mpi_job.n_tp * mpi_job.n_pp > 1)) {
+        (mpi_job.n_sp > 1 && mpi_job.n_tp * mpi_job.n_pp > 1) ||
+        (mpi_job.is_kv_divided && mpi_job.n_sp < 2)) {
         return 2;
     }
     const int32_t n_ranks = mpi_job.n_tp * mpi_job.n_pp * mpi_job.n_sp;
@@ -77,6 +81,10 @@ void mpi_job_unload(struct engine_model *m) {
 void mpi_job_ctx(struct engine_ctx_params *p) {
     send_job(JOB_CTX, NULL);
     p->comm = mpi_job.comm;
+    if (mpi_job.is_kv_divided) {  // the same ids, each rank holding one in n_sp
+        p->kv_divided = true;
+        p->n_blocks = (p->n_blocks + mpi_job.n_sp - 1) / mpi_job.n_sp * mpi_job.n_sp;
+    }
 }
 
 void mpi_job_end(void) {

@@ -1,6 +1,6 @@
 /*
  * mpi_job.h - engine tests run as a job of several ranks (`mpirun -np N
- * TEST --tp A --pp B` or `--sp C`): rank 0 runs the cmocka tests; before
+ * TEST --tp A --pp B` or `--sp C [--sp-kv divided]`): rank 0 runs the cmocka tests; before
  * each model load, ctx creation and model free it tells the other ranks
  * which to do (one broadcast), so they follow it step by step. Without
  * those flags (or at 1) there is no job and every call is for one process.
@@ -8,6 +8,7 @@
 #ifndef TESTS_MPI_JOB_H
 #define TESTS_MPI_JOB_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "engine/engine.h"
@@ -17,6 +18,7 @@ struct mpi_job {
     int32_t n_tp;       // TP ranks per stage
     int32_t n_pp;       // pipeline stages
     int32_t n_sp;       // sequence-parallel ranks (never with TP or PP)
+    bool is_kv_divided; // `--sp-kv divided`: the KV pool divided over the SP ranks
 };
 
 extern struct mpi_job mpi_job;

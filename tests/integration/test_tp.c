@@ -183,6 +183,46 @@ static void test_sp_generate_same_ids_as_one_process(void **state) {
                         "396 267 337 410 408 419 292 411 322 265 282 295 433 426\n");
 }
 
+/* The KV pool divided over the SP ranks (--sp-divide-kv): the same ids as
+ * one process, for the 70-token prompt (its prefill split, the partials of
+ * every layer combined by a reduce-scatter) and its decode steps (run whole on
+ * every rank, combined by two allreduces a layer), at SP 2 and 4; stories260K's
+ * README ids at SP 2. What that costs is counted by hand: stories260K has 5
+ * layers of 8 heads of 8 dims, so a decode step of 1 token has each rank hand
+ * 5 x (8 maxima + 8 x (8 + 1) sums) floats = 1,600 bytes to the allreduces,
+ * and the 31 steps of `--prompt-ids 1 -n 31` (1 prefill token, 30 decodes)
+ * 49,600 bytes more than the undivided job. */
+static void test_sp_divided_generate_same_ids_as_one_process(void **state) {
+    (void)state;
+    char ids[1024];
+    long_prompt_ids(ids, sizeof(ids));
+    check_same_ids_of("llama-kv4-q8_0", "--sp 2 --sp-divide-kv", 2, ids);
+    check_same_ids_of("llama-f32", "--sp 2 --sp-divide-kv", 2, ids);
+    check_same_ids_of("qwen2-f32", "--sp 4 --sp-divide-kv", 4, ids);
+    check_same_ids_of("llama-swa", "--sp 4 --sp-divide-kv", 4, ids);  // window over the parts
+    check_same_ids("llama-f32", "--sp 2 --sp-divide-kv", 2);          // never split
+    const char *model = stories_or_skip();
+    long long bytes[2];
+    for (int divided = 0; divided < 2; divided++) {
+        char cmd[8192], out[4096];
+        snprintf(cmd, sizeof(cmd),
+                 "%s -np 2 %s generate -m %s --prompt-ids 1 -n 31 -t 1 --sp 2 %s 2>&1 >/dev/null"
+                 " | sed -n 's/.*rank 0 handed \\([0-9]*\\) bytes.*/\\1/p'",
+                 mpirun(), httptest_bin(), model, divided ? "--sp-divide-kv" : "");
+        assert_int_equal(run(cmd, out, sizeof(out)), 0);
+        bytes[divided] = atoll(out);
+        assert_true(bytes[divided] > 0);
+        snprintf(cmd, sizeof(cmd), "%s -np 2 %s generate -m %s --prompt-ids 1 -n 31 -t 1 --sp 2 %s",
+                 mpirun(), httptest_bin(), model, divided ? "--sp-divide-kv" : "");
+        assert_int_equal(run(cmd, out, sizeof(out)), 0);
+        assert_string_equal(out,
+                            "403 407 261 378 432 383 286 261 376 298 315 421 395 317 426 338 401 "
+                            "396 267 337 410 408 419 292 411 322 265 282 295 433 426\n");
+    }
+    print_message("sp 2, rank 0: %lld bytes whole, %lld divided\n", bytes[0], bytes[1]);
+    assert_int_equal(bytes[1] - bytes[0], 31 * 5 * (8 + 8 * 9) * 4);
+}
+
 /* A greedy completion of prompt (n tokens) by the server on port is the
  * single process's: a plain `generate` of model asked here. Returns the
  * prompt's tokens. */
@@ -227,6 +267,27 @@ static void test_sp_serve_completion_matches_one_process(void **state) {
     assert_int_equal(httptest_request(s.port, "GET", "/health", NULL, NULL, &r), 200);
     assert_true(httptest_json_int(r.body, "n_ranks", 0) == 2);
     httptest_resp_free(&r);
+    live = NULL;
+    httptest_stop(&s, SIGTERM);
+}
+
+/* serve --sp 2 --sp-divide-kv: the README's text and a split prompt's
+ * one-process continuation, and the pool is twice one rank's: stories260K's
+ * f16 block is 2 (K, V) x 5 layers x 4 kv heads x 8 dims x 16 tokens x 2
+ * bytes = 10,240 bytes, so 1 MiB holds 102 blocks; a rank holds one id in 2,
+ * so 204 ids, of which the null block is one: 203 (whole on each rank: 102). */
+static void test_sp_divided_serve_matches_one_process(void **state) {
+    (void)state;
+    const char *model = stories_or_skip();
+    struct httptest_server s;
+    start_job(&s, model, 2, "--sp 2 --sp-divide-kv --kv-memory 1M");
+    check_readme_completion(s.port);
+    const char *longp = "Once upon a time, there was a little girl named Lily. She loved to "
+                        "play outside in the park. One day,";
+    assert_true(check_one_process_text(s.port, model, longp, 20) >= 32);
+    // Twice (the prefix cache): the second request's prompt blocks come from it.
+    assert_true(check_one_process_text(s.port, model, longp, 20) >= 32);
+    assert_int_equal(httptest_get_metric(s.port, "llmserve_kv_blocks_total"), 203);
     live = NULL;
     httptest_stop(&s, SIGTERM);
 }
@@ -975,6 +1036,8 @@ int main(void) {
         cmocka_unit_test(test_pp_micro_batches_same_ids_as_one_process),
         cmocka_unit_test(test_sp_generate_same_ids_as_one_process),
         cmocka_unit_test_teardown(test_sp_serve_completion_matches_one_process, stop_live),
+        cmocka_unit_test(test_sp_divided_generate_same_ids_as_one_process),
+        cmocka_unit_test_teardown(test_sp_divided_serve_matches_one_process, stop_live),
         cmocka_unit_test(test_tpxpp_generate_stories260k_prints_reference_ids),
         cmocka_unit_test_teardown(test_tpxpp_serve_completion_matches_one_process, stop_live),
         cmocka_unit_test_teardown(test_tp_serve_completion_matches_one_process, stop_live),
