@@ -193,29 +193,23 @@ void comm_bcast_idle(struct comm *c, void *p, size_t bytes) {
     bcast_slices(c, p, bytes, true);
 }
 
-void comm_allreduce_sum(struct comm *c, float *x, int64_t n) {
+/* In place over n floats, in slices of at most INT_MAX. */
+static void allreduce(struct comm *c, float *x, int64_t n, MPI_Op op) {
     if (!c || c->size == 1) return;
     DASSERT(n >= 0);
     while (n > 0) {
         const int k = n > INT_MAX ? INT_MAX : (int)n;
-        MPI_Allreduce(MPI_IN_PLACE, x, k, MPI_FLOAT, MPI_SUM, c->mc);
+        MPI_Allreduce(MPI_IN_PLACE, x, k, MPI_FLOAT, op, c->mc);
         count_sent(c, (uint64_t)k * sizeof(float));
         x += k;
         n -= k;
     }
 }
 
-void comm_allreduce_max(struct comm *c, float *x, int64_t n) {
-    if (!c || c->size == 1) return;
-    DASSERT(n >= 0);
-    while (n > 0) {
-        const int k = n > INT_MAX ? INT_MAX : (int)n;
-        MPI_Allreduce(MPI_IN_PLACE, x, k, MPI_FLOAT, MPI_MAX, c->mc);
-        count_sent(c, (uint64_t)k * sizeof(float));
-        x += k;
-        n -= k;
-    }
-}
+void comm_allreduce_sum(struct comm *c, float *x, int64_t n) { allreduce(c, x, n, MPI_SUM); }
+
+void comm_allreduce_max(struct comm *c, float *x, int64_t n) { allreduce(c, x, n, MPI_MAX); }
+
 
 void comm_send(struct comm *c, int32_t to, const float *x, int64_t n) {
     ASSERT(c && c->size > 1 && to >= 0 && to < c->size && to != c->rank && n >= 0);

@@ -90,6 +90,50 @@ static void naive(const float *qh, const float *K, const float *V, int32_t n_kv,
     }
 }
 
+/* n block ids 1..n in an order shuffled by rng. */
+static int32_t *shuffled_table(int32_t n) {
+    int32_t *table = malloc((size_t)n * sizeof(int32_t));
+    for (int32_t i = 0; i < n; i++) table[i] = i + 1;
+    for (int32_t i = n - 1; i > 0; i--) {
+        int32_t j = (int32_t)(rng % (uint64_t)(i + 1));
+        frand();
+        int32_t tmp = table[i];
+        table[i] = table[j];
+        table[j] = tmp;
+    }
+    return table;
+}
+
+/* The batch of a shape's queries: its last n_query positions, one sequence
+ * over the given block table. */
+struct queries {
+    int32_t *tok, *pos, *seq;
+    int8_t *out_flag;
+    struct engine_seq s;
+    struct engine_batch b;
+};
+
+static void queries_init(struct queries *qs, const struct shape *sh, const int32_t *table,
+                         int32_t n_blocks) {
+    const int32_t nq = sh->n_query;
+    qs->tok = calloc((size_t)nq, sizeof(int32_t));
+    qs->pos = malloc((size_t)nq * sizeof(int32_t));
+    qs->seq = calloc((size_t)nq, sizeof(int32_t));
+    qs->out_flag = calloc((size_t)nq, 1);
+    for (int32_t i = 0; i < nq; i++) qs->pos[i] = sh->ctx - nq + i;
+    qs->s = (struct engine_seq){.block_table = table, .n_blocks = n_blocks};
+    qs->b = (struct engine_batch){.n_tokens = nq, .token = qs->tok, .pos = qs->pos,
+                                  .seq = qs->seq, .output = qs->out_flag, .n_seqs = 1,
+                                  .seqs = &qs->s};
+}
+
+static void queries_free(struct queries *qs) {
+    free(qs->tok);
+    free(qs->pos);
+    free(qs->seq);
+    free(qs->out_flag);
+}
+
 /* Checks attention over KV of `type` twice:
  *  1. against the reference over the values as stored (kv_read_token): the
  *     kernels' own error, F32_TOL for every type;
@@ -111,15 +155,7 @@ static void check_shape(struct threadpool *pool, const struct shape *sh,
     assert_int_equal(kv_init(&kv, type, 1, n_blocks_seq + 1, bs, n_kv, hd), 0);
 
     // The sequence's blocks in shuffled order; K/V values kept for the oracle.
-    int32_t *table = malloc((size_t)n_blocks_seq * sizeof(int32_t));
-    for (int32_t i = 0; i < n_blocks_seq; i++) table[i] = i + 1;
-    for (int32_t i = n_blocks_seq - 1; i > 0; i--) {
-        int32_t j = (int32_t)(rng % (uint64_t)(i + 1));
-        frand();
-        int32_t tmp = table[i];
-        table[i] = table[j];
-        table[j] = tmp;
-    }
+    int32_t *table = shuffled_table(n_blocks_seq);
     const size_t n_kv_vals = (size_t)sh->ctx * n_kv * hd;
     float *K = malloc(n_kv_vals * sizeof(float));   // [pos][kvh][d] exact
     float *V = malloc(n_kv_vals * sizeof(float));
@@ -150,14 +186,10 @@ static void check_shape(struct threadpool *pool, const struct shape *sh,
     }
 
     const int32_t nq = sh->n_query;
-    int32_t *tok = calloc((size_t)nq, sizeof(int32_t));
-    int32_t *pos = malloc((size_t)nq * sizeof(int32_t));
-    int32_t *seq = calloc((size_t)nq, sizeof(int32_t));
-    int8_t *out_flag = calloc((size_t)nq, 1);
-    for (int32_t i = 0; i < nq; i++) pos[i] = sh->ctx - nq + i;
-    struct engine_seq s = {.block_table = table, .n_blocks = n_blocks_seq};
-    struct engine_batch b = {.n_tokens = nq, .token = tok, .pos = pos, .seq = seq,
-                             .output = out_flag, .n_seqs = 1, .seqs = &s};
+    struct queries qs;
+    queries_init(&qs, sh, table, n_blocks_seq);
+    const struct engine_batch b = qs.b;
+    const int32_t *pos = qs.pos;
     float *q = malloc((size_t)nq * n_head * hd * sizeof(float));
     float *out = malloc((size_t)nq * n_head * hd * sizeof(float));
     for (size_t i = 0; i < (size_t)nq * n_head * hd; i++) q[i] = frand();
@@ -218,10 +250,7 @@ static void check_shape(struct threadpool *pool, const struct shape *sh,
     free(tiles);
     free(q);
     free(out);
-    free(tok);
-    free(pos);
-    free(seq);
-    free(out_flag);
+    queries_free(&qs);
     free(K);
     free(V);
     free(Ks);
@@ -669,15 +698,7 @@ static void check_divided(struct threadpool *pool, int32_t n_parts, const struct
         assert_int_equal(kv_init_part(&kv[r], type, 1, n_blocks, bs, n_kv, hd, n_parts, r), 0);
         assert_int_equal(kv[r].n_local, n_blocks / n_parts);
     }
-    int32_t *table = malloc((size_t)n_blocks_seq * sizeof(int32_t));
-    for (int32_t i = 0; i < n_blocks_seq; i++) table[i] = i + 1;
-    for (int32_t i = n_blocks_seq - 1; i > 0; i--) {
-        int32_t j = (int32_t)(rng % (uint64_t)(i + 1));
-        frand();
-        int32_t tmp = table[i];
-        table[i] = table[j];
-        table[j] = tmp;
-    }
+    int32_t *table = shuffled_table(n_blocks_seq);
     const size_t n_vals = (size_t)sh->ctx * n_kv * hd;
     float *Ks = malloc(n_vals * sizeof(float));  // as stored, in its part
     float *Vs = malloc(n_vals * sizeof(float));
@@ -701,14 +722,10 @@ static void check_divided(struct threadpool *pool, int32_t n_parts, const struct
     }
 
     const int32_t nq = sh->n_query;
-    int32_t *tok = calloc((size_t)nq, sizeof(int32_t));
-    int32_t *pos = malloc((size_t)nq * sizeof(int32_t));
-    int32_t *seq = calloc((size_t)nq, sizeof(int32_t));
-    int8_t *out_flag = calloc((size_t)nq, 1);
-    for (int32_t i = 0; i < nq; i++) pos[i] = sh->ctx - nq + i;
-    struct engine_seq s = {.block_table = table, .n_blocks = n_blocks_seq};
-    struct engine_batch b = {.n_tokens = nq, .token = tok, .pos = pos, .seq = seq,
-                             .output = out_flag, .n_seqs = 1, .seqs = &s};
+    struct queries qs;
+    queries_init(&qs, sh, table, n_blocks_seq);
+    const struct engine_batch b = qs.b;
+    const int32_t *pos = qs.pos;
     const size_t n_rows = (size_t)nq * n_head;
     float *q = malloc(n_rows * hd * sizeof(float));
     for (size_t i = 0; i < n_rows * hd; i++) q[i] = frand();
@@ -776,10 +793,7 @@ static void check_divided(struct threadpool *pool, int32_t n_parts, const struct
     free(acc);
     free(m);
     free(l);
-    free(tok);
-    free(pos);
-    free(seq);
-    free(out_flag);
+    queries_free(&qs);
     free(Ks);
     free(Vs);
     free(kp);

@@ -7,7 +7,8 @@
  * order, and checks values worked out by hand from the ranks' numbers:
  * ranks {0, 1} and {2, 3} as two groups, numbered in reverse by key, sums
  * and broadcasts that stay inside a group, a group's bytes counted in the
- * job's total, and the whole job still usable beside its groups.
+ * job's total, and the whole job still usable beside its groups; and the
+ * max-allreduce and reduce-scatter of a KV cache divided over the ranks.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -138,6 +139,37 @@ static void test_groups_of_one(void **state) {
     comm_close(g);
 }
 
+/* The reductions of a KV cache divided over SP ranks (forward.c,
+ * attend_divided), over the 4 ranks: the max of each element, and a
+ * reduce-scatter whose parts are 1, 2, 0 and 3 floats (a rank may have no
+ * tokens). Rank r contributes r + 1 + 10 i at element i, so every sum is
+ * 4 x (10 i) + 1 + 2 + 3 + 4 = 40 i + 10, and rank r gets the elements after
+ * the parts of the ranks before it. One process: the part is all. */
+static void test_max_and_reduce_scatter(void **state) {
+    (void)state;
+    const int32_t r = comm_rank(world);
+    float x[3] = {(float)r, -(float)r, r == 2 ? 7.0f : 0.5f};
+    comm_allreduce_max(world, x, 3);
+    if (world) assert_true(x[0] == 3.0f && x[1] == 0.0f && x[2] == 7.0f);
+    else assert_true(x[0] == 0.0f && x[1] == 0.0f && x[2] == 0.5f);
+
+    const int64_t counts[4] = {1, 2, 0, 3};
+    const int64_t one[1] = {6};
+    float all[6], mine[6] = {0};
+    for (int i = 0; i < 6; i++) all[i] = (float)(r + 1 + 10 * i);
+    const uint64_t b0 = comm_bytes_sent(world);
+    comm_reduce_scatter_parts(world, all, world ? counts : one, mine);
+    if (!world) {
+        for (int i = 0; i < 6; i++) assert_true(mine[i] == (float)(1 + 10 * i));
+        return;
+    }
+    const int first[4] = {0, 1, 3, 3};
+    for (int i = 0; i < (int)counts[r]; i++) {
+        assert_true(mine[i] == (float)(40 * (first[r] + i) + 10));
+    }
+    assert_int_equal(comm_bytes_sent(world) - b0, 6 * sizeof(float));  // handed: all of it
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--np") == 0) {
         if (comm_open(atoi(argv[2]), &world) != 0) return 1;
@@ -154,6 +186,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_send_recv_by_group_rank),
         cmocka_unit_test(test_group_bytes_count_in_the_job),
         cmocka_unit_test(test_groups_of_one),
+        cmocka_unit_test(test_max_and_reduce_scatter),
     };
     const int n_failed = cmocka_run_group_tests(tests, NULL, NULL);
     comm_close(world);
