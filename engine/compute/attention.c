@@ -189,9 +189,8 @@ static void attention_items(void *arg, int64_t begin, int64_t end, int32_t ith, 
             }
         }
         for (int32_t bi = first / bs; !kern->step && bi <= last / bs; bi++) {
-            if (is_part && !kv_holds(kv, block_of(kv, sq, bi))) continue;
-            if (is_part) {
-                // no prefetch: the next block held here is not known yet
+            if (is_part) {  // this rank's blocks only (no prefetch: which is next is not known)
+                if (!kv_holds(kv, block_of(kv, sq, bi))) continue;
             } else if (bi < last / bs) {
                 prefetch_block(kv, sq, a->layer, g, bi + 1);
             } else if (item + nth < n_items) {  // this thread's next item's first block

@@ -129,8 +129,6 @@ static void attend_divided(struct engine_ctx *ctx, struct attention_args *att,
     const int64_t n_q = (int64_t)n_head * hd;
     const int64_t w = n_q + n_head;  // floats per token of the sums
     if (is_sp) comm_allgather_parts(ctx->comm, ctx->q, ctx->sp_counts + n_sp);
-    att->part_m = ctx->att_m;
-    att->part_l = ctx->att_l;
     attention_run(ctx->pool, att);  // [T][Q] unnormalised, [T][n_head] m and l
 
     const int64_t n_rows = (int64_t)T * n_head;
@@ -148,15 +146,10 @@ static void attend_divided(struct engine_ctx *ctx, struct attention_args *att,
             comb[t * w + n_q + h] = ctx->att_l[row] * f;
         }
     }
-    const float *own = comb;  // [n_own][w]: this rank's tokens' sums
-    if (is_sp) {
-        float *mine = comb + (size_t)T * w;
-        comm_reduce_scatter_parts(ctx->comm, comb, ctx->sp_counts + 2 * n_sp, mine);
-        own = mine;
-    } else {
-        comm_allreduce_sum(ctx->comm, comb, (int64_t)T * w);
-        own = comb + (int64_t)t0 * w;
-    }
+    // This rank's tokens' sums                                           [n_own][w]
+    float *own = comb + (int64_t)(is_sp ? T : t0) * w;
+    if (is_sp) comm_reduce_scatter_parts(ctx->comm, comb, ctx->sp_counts + 2 * n_sp, own);
+    else comm_allreduce_sum(ctx->comm, comb, (int64_t)T * w);
     for (int64_t t = 0; t < n_own; t++) {
         for (int32_t h = 0; h < n_head; h++) {
             const float inv = 1.0f / own[t * w + n_q + h];
@@ -194,7 +187,7 @@ static void run_layers(struct engine_ctx *ctx, const struct engine_batch *full,
     // A divided KV pool (attend_divided): Q at its place too, every query attends
     const bool is_divided = ctx->kv.n_parts > 1;
     float *q = ctx->q + (is_sp && is_divided ? (size_t)t0 * n_q : 0);      // [T][Q]
-    const struct engine_batch *ab_att = is_divided ? full : b;  // whose queries attend
+    const struct engine_batch *att_batch = is_divided ? full : b;  // whose queries attend
 
     // RoPE angles per token, shared by every layer                       [T][n_rot/2]
     for (int32_t t = 0; t < T; t++) {
@@ -215,11 +208,11 @@ static void run_layers(struct engine_ctx *ctx, const struct engine_batch *full,
                         ctx->params.max_adapters, ctx->ab_count);
 
     // Query tiles for attention, shared by every layer
-    const int32_t n_tiles = attention_tiles(ab_att, ctx->att_tiles);
+    const int32_t n_tiles = attention_tiles(att_batch, ctx->att_tiles);
 
     struct attention_args att = {
         .kv = &ctx->kv,
-        .batch = ab_att,
+        .batch = att_batch,
         .tiles = ctx->att_tiles,
         .n_tiles = n_tiles,
         .kern = ctx->attn_kern,
@@ -230,6 +223,8 @@ static void run_layers(struct engine_ctx *ctx, const struct engine_batch *full,
         .scale = 1.0f / sqrtf((float)head_dim),
         .scratch = ctx->att_scratch,
         .scratch_floats = ctx->att_scratch_floats,
+        .part_m = ctx->att_m,  // NULL unless the pool is divided (attend_divided)
+        .part_l = ctx->att_l,
     };
 
     for (int32_t il = sh->layer0; il < sh->layer0 + sh->n_layer; il++) {

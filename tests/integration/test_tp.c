@@ -25,6 +25,12 @@
 #include "tests/helpers/testutil.h"
 #include "tests/integration/httptest.h"
 
+/* stories260K's greedy ids after BOS (`generate --prompt-ids 1 -n 31`), as
+ * its README and llama2.c give them, one line. */
+#define STORIES_README_IDS                                                                 \
+    "403 407 261 378 432 383 286 261 376 298 315 421 395 317 426 338 401 396 267 337 410 " \
+    "408 419 292 411 322 265 282 295 433 426\n"
+
 /* Runs cmd, captures stdout into out (size n); returns the exit status. */
 static int run(const char *cmd, char *out, size_t n) {
     FILE *p = popen(cmd, "r");
@@ -106,9 +112,7 @@ static void test_tp_generate_stories260k_prints_reference_ids(void **state) {
         snprintf(cmd, sizeof(cmd), "%s -np %d %s generate -m %s --prompt-ids 1 -n 31 -t 1 --tp %d",
                  mpirun(), n, httptest_bin(), model, n);
         assert_int_equal(run(cmd, out, sizeof(out)), 0);
-        assert_string_equal(out,
-                            "403 407 261 378 432 383 286 261 376 298 315 421 395 317 426 338 401 "
-                            "396 267 337 410 408 419 292 411 322 265 282 295 433 426\n");
+        assert_string_equal(out, STORIES_README_IDS);
     }
 }
 
@@ -122,9 +126,7 @@ static void test_pp_generate_stories260k_prints_reference_ids(void **state) {
         snprintf(cmd, sizeof(cmd), "%s -np %d %s generate -m %s --prompt-ids 1 -n 31 -t 1 --pp %d",
                  mpirun(), n, httptest_bin(), model, n);
         assert_int_equal(run(cmd, out, sizeof(out)), 0);
-        assert_string_equal(out,
-                            "403 407 261 378 432 383 286 261 376 298 315 421 395 317 426 338 401 "
-                            "396 267 337 410 408 419 292 411 322 265 282 295 433 426\n");
+        assert_string_equal(out, STORIES_README_IDS);
     }
 }
 
@@ -164,23 +166,29 @@ static void long_prompt_ids(char *ids, size_t size) {
  * (forward.c: at least 16 tokens per rank; the K/V of every layer shared),
  * its decode steps run whole on every rank: the same ids as one process.
  * And stories260K's README ids at SP 2 (a 1-token prompt: never split). */
+/* SP's models against one process, with `extra` after the --sp flag: the
+ * 70-token prompt split at SP 2 and 4 (a quantized model, a sliding window
+ * over the shared or divided K/V), a 9-token one run whole on each rank. */
+static void check_sp_same_ids(const char *extra) {
+    char ids[1024], flags[2][64];
+    long_prompt_ids(ids, sizeof(ids));
+    for (int i = 0; i < 2; i++) snprintf(flags[i], sizeof(flags[i]), "--sp %d%s", 2 + 2 * i, extra);
+    check_same_ids_of("llama-kv4-q8_0", flags[0], 2, ids);
+    check_same_ids_of("llama-f32", flags[0], 2, ids);
+    check_same_ids_of("qwen2-f32", flags[1], 4, ids);
+    check_same_ids_of("llama-swa", flags[1], 4, ids);
+    check_same_ids("llama-f32", flags[0], 2);
+}
+
 static void test_sp_generate_same_ids_as_one_process(void **state) {
     (void)state;
-    char ids[1024];
-    long_prompt_ids(ids, sizeof(ids));
-    check_same_ids_of("llama-kv4-q8_0", "--sp 2", 2, ids);
-    check_same_ids_of("llama-f32", "--sp 2", 2, ids);
-    check_same_ids_of("qwen2-f32", "--sp 4", 4, ids);
-    check_same_ids_of("llama-swa", "--sp 4", 4, ids);  // sliding window over shared K/V
-    check_same_ids("llama-f32", "--sp 2", 2);          // 9 tokens: run whole on each rank
+    check_sp_same_ids("");
     const char *model = stories_or_skip();
     char cmd[8192], out[4096];
     snprintf(cmd, sizeof(cmd), "%s -np 2 %s generate -m %s --prompt-ids 1 -n 31 -t 1 --sp 2",
              mpirun(), httptest_bin(), model);
     assert_int_equal(run(cmd, out, sizeof(out)), 0);
-    assert_string_equal(out,
-                        "403 407 261 378 432 383 286 261 376 298 315 421 395 317 426 338 401 "
-                        "396 267 337 410 408 419 292 411 322 265 282 295 433 426\n");
+    assert_string_equal(out, STORIES_README_IDS);
 }
 
 /* The KV pool divided over the SP ranks (--sp-divide-kv): the same ids as
@@ -194,30 +202,30 @@ static void test_sp_generate_same_ids_as_one_process(void **state) {
  * 49,600 bytes more than the undivided job. */
 static void test_sp_divided_generate_same_ids_as_one_process(void **state) {
     (void)state;
-    char ids[1024];
-    long_prompt_ids(ids, sizeof(ids));
-    check_same_ids_of("llama-kv4-q8_0", "--sp 2 --sp-divide-kv", 2, ids);
-    check_same_ids_of("llama-f32", "--sp 2 --sp-divide-kv", 2, ids);
-    check_same_ids_of("qwen2-f32", "--sp 4 --sp-divide-kv", 4, ids);
-    check_same_ids_of("llama-swa", "--sp 4 --sp-divide-kv", 4, ids);  // window over the parts
-    check_same_ids("llama-f32", "--sp 2 --sp-divide-kv", 2);          // never split
+    check_sp_same_ids(" --sp-divide-kv");
     const char *model = stories_or_skip();
     long long bytes[2];
     for (int divided = 0; divided < 2; divided++) {
+        // The ids on stdout; stderr, with rank 0's "mpi: ... handed N bytes" line,
+        // into a file of its own (mixed in one pipe, mpirun may interleave them).
+        char err_path[] = "/tmp/llmserve-test-tp-XXXXXX";
+        const int fd = mkstemp(err_path);
+        assert_true(fd >= 0);
+        close(fd);
         char cmd[8192], out[4096];
         snprintf(cmd, sizeof(cmd),
-                 "%s -np 2 %s generate -m %s --prompt-ids 1 -n 31 -t 1 --sp 2 %s 2>&1 >/dev/null"
-                 " | sed -n 's/.*rank 0 handed \\([0-9]*\\) bytes.*/\\1/p'",
-                 mpirun(), httptest_bin(), model, divided ? "--sp-divide-kv" : "");
+                 "%s -np 2 %s generate -m %s --prompt-ids 1 -n 31 -t 1 --sp 2 %s 2>%s",
+                 mpirun(), httptest_bin(), model, divided ? "--sp-divide-kv" : "", err_path);
         assert_int_equal(run(cmd, out, sizeof(out)), 0);
-        bytes[divided] = atoll(out);
+        char *err = testutil_read_file(err_path, NULL);
+        unlink(err_path);
+        assert_non_null(err);
+        const char *handed = strstr(err, "rank 0 handed ");
+        if (handed) bytes[divided] = atoll(handed + strlen("rank 0 handed "));
+        free(err);
+        assert_non_null(handed);
         assert_true(bytes[divided] > 0);
-        snprintf(cmd, sizeof(cmd), "%s -np 2 %s generate -m %s --prompt-ids 1 -n 31 -t 1 --sp 2 %s",
-                 mpirun(), httptest_bin(), model, divided ? "--sp-divide-kv" : "");
-        assert_int_equal(run(cmd, out, sizeof(out)), 0);
-        assert_string_equal(out,
-                            "403 407 261 378 432 383 286 261 376 298 315 421 395 317 426 338 401 "
-                            "396 267 337 410 408 419 292 411 322 265 282 295 433 426\n");
+        assert_string_equal(out, STORIES_README_IDS);
     }
     print_message("sp 2, rank 0: %lld bytes whole, %lld divided\n", bytes[0], bytes[1]);
     assert_int_equal(bytes[1] - bytes[0], 31 * 5 * (8 + 8 * 9) * 4);
@@ -457,9 +465,7 @@ static void test_tpxpp_generate_stories260k_prints_reference_ids(void **state) {
              "%s -np 4 %s generate -m %s --prompt-ids 1 -n 31 -t 1 --tp 2 --pp 2", mpirun(),
              httptest_bin(), model);
     assert_int_equal(run(cmd, out, sizeof(out)), 0);
-    assert_string_equal(out,
-                        "403 407 261 378 432 383 286 261 376 298 315 421 395 317 426 338 401 "
-                        "396 267 337 410 408 419 292 411 322 265 282 295 433 426\n");
+    assert_string_equal(out, STORIES_README_IDS);
 }
 
 /* Each rank's "rank R of N read B bytes of tensor data" (model.c, at info)
