@@ -67,17 +67,25 @@ static void add_bias(float *y, const float *bias, int64_t n_rows, int32_t dim) {
 struct swiglu_job {
     float *hb;         // [T][F] gate in, result out
     const float *hb2;  // [T][F] up
+    int64_t n_tokens;
+    int64_t n_ff;
 };
 
-/* hb = silu(hb) * hb2, silu(z) = z * sigmoid(z); parallel over elements. */
-static void swiglu_items(void *arg, int64_t begin, int64_t end, int32_t ith, int32_t nth) {
+/* hb = silu(hb) * hb2, silu(z) = z * sigmoid(z), on columns [c0, c1) of every
+ * token: the epilogue of the gate and up products (kern_matmul_group). */
+static void swiglu_cols(void *arg, int64_t c0, int64_t c1) {
+    struct swiglu_job *j = arg;
+    for (int64_t t = 0; t < j->n_tokens; t++) {
+        float *hb = j->hb + t * j->n_ff;
+        const float *hb2 = j->hb2 + t * j->n_ff;
+        for (int64_t i = c0; i < c1; i++) hb[i] = hb[i] / (1.0f + expf(-hb[i])) * hb2[i];
+    }
+}
+
+static void swiglu_slice(void *arg, int64_t c0, int64_t c1, int32_t ith, int32_t nth) {
     (void)ith;
     (void)nth;
-    struct swiglu_job *j = arg;
-    for (int64_t i = begin; i < end; i++) {
-        const float g = j->hb[i];
-        j->hb[i] = g / (1.0f + expf(-g)) * j->hb2[i];
-    }
+    swiglu_cols(arg, c0, c1);
 }
 
 /* Writes this batch's K and V into the sequences' blocks, in the KV type
@@ -235,9 +243,8 @@ static void run_layers(struct engine_ctx *ctx, const struct engine_batch *full,
         rmsnorm_rows(ctx->xb, x, L->attn_norm, T, n_embd, hp->norm_eps);
 
         // Q, K, V projections (+ bias for qwen2)                  [T][Q], [T][KV]
-        kern_matmul(pool, ks, L->wq, ctx->xb, T, q);
-        kern_matmul(pool, ks, L->wk, ctx->xb, T, k);
-        kern_matmul(pool, ks, L->wv, ctx->xb, T, v);
+        const struct kern_product qkv_p[3] = {{L->wq, q}, {L->wk, k}, {L->wv, v}};
+        kern_matmul_group(pool, ks, ctx->xb, T, qkv_p, 3, NULL, NULL);
         const struct adapter_target qkv[3] = {{ADAPTER_PROJ_Q, q, n_q},
                                               {ADAPTER_PROJ_K, k, n_kv},
                                               {ADAPTER_PROJ_V, v, n_kv}};
@@ -281,16 +288,20 @@ static void run_layers(struct engine_ctx *ctx, const struct engine_batch *full,
         // FFN norm                                                        [T][E]
         rmsnorm_rows(ctx->xb, x, L->ffn_norm, T, n_embd, hp->norm_eps);
 
-        // Gate and up projections (+ LoRA)                               [T][F]
-        kern_matmul(pool, ks, L->ffn_gate, ctx->xb, T, ctx->hb);
-        kern_matmul(pool, ks, L->ffn_up, ctx->xb, T, ctx->hb2);
-        const struct adapter_target gu[2] = {{ADAPTER_PROJ_GATE, ctx->hb, n_ff},
-                                             {ADAPTER_PROJ_UP, ctx->hb2, n_ff}};
-        adapter_apply_lora(pool, ab, il, ctx->xb, n_embd, gu, 2);
-
-        // SwiGLU: hb = silu(gate) * up                                     [T][F]
-        struct swiglu_job sj = {.hb = ctx->hb, .hb2 = ctx->hb2};
-        threadpool_run(pool, (int64_t)T * n_ff, 4096, swiglu_items, &sj);
+        // Gate and up projections (+ LoRA), then SwiGLU: hb = silu(gate) * up,
+        // on each thread's columns as soon as both are done (after LoRA's
+        // updates when the batch has adapters)                           [T][F]
+        const struct kern_product gu_p[2] = {{L->ffn_gate, ctx->hb}, {L->ffn_up, ctx->hb2}};
+        struct swiglu_job sj = {.hb = ctx->hb, .hb2 = ctx->hb2, .n_tokens = T, .n_ff = n_ff};
+        if (ab->n_tokens == 0) {
+            kern_matmul_group(pool, ks, ctx->xb, T, gu_p, 2, swiglu_cols, &sj);
+        } else {
+            kern_matmul_group(pool, ks, ctx->xb, T, gu_p, 2, NULL, NULL);
+            const struct adapter_target gu[2] = {{ADAPTER_PROJ_GATE, ctx->hb, n_ff},
+                                                 {ADAPTER_PROJ_UP, ctx->hb2, n_ff}};
+            adapter_apply_lora(pool, ab, il, ctx->xb, n_embd, gu, 2);
+            threadpool_run(pool, n_ff, KERN_PANEL_ROWS, swiglu_slice, &sj);
+        }
 
         // Down projection (+ LoRA), summed over the ranks, bottleneck adapter,
         // residual                                                       [T][E]

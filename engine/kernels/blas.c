@@ -263,6 +263,131 @@ void kern_matmul(struct threadpool *pool, struct kern_scratch *scratch, const st
     threadpool_run(pool, w->ne[1], KERN_ROW_GRAIN, matmul_slice, &job);
 }
 
+/* A group of products of one x (kern_matmul_group): the items of its one
+ * region are the panels of all its products, one after another, or with an
+ * epilogue the panels of one (all have the same rows), every product and then
+ * the epilogue run on each thread's panels. */
+struct group_job {
+    const struct kern_product *p;
+    int32_t n;
+    const float *x;          // [n_tokens][k]
+    int64_t n_tokens;
+    const uint8_t *xq[KERN_GROUP_MAX];  // product i's activation rows (q-panels), or NULL
+    size_t xq_row[KERN_GROUP_MAX];
+    int64_t first[KERN_GROUP_MAX + 1];  // product i's panels: items [first[i], first[i + 1])
+    kern_rows_fn epilogue;
+    void *arg;
+};
+
+static int64_t n_panels_of(const struct tensor *w) {
+    return (w->ne[1] + KERN_PANEL_ROWS - 1) / KERN_PANEL_ROWS;
+}
+
+/* Panels [p0, p1) of product i. */
+static void group_panels(const struct group_job *g, int32_t i, int64_t p0, int64_t p1) {
+    const struct tensor *w = g->p[i].w;
+    const struct kern_dispatch *kd = kern_get();
+    if (g->xq[i]) {
+        kd->qpanel[w->type](g->xq[i], g->n_tokens, w->panels, w->ne[0], w->ne[1], p0, p1,
+                            g->p[i].y);
+        return;
+    }
+    const struct kern_panel *kp = &kd->panel;
+    kern_panel_fn fn = w->type == QUANT_F32 ? kp->f32 : w->type == QUANT_F16 ? kp->f16 : kp->bf16;
+    fn(g->x, g->n_tokens, w->panels, w->ne[0], w->ne[1], p0, p1, g->p[i].y);
+}
+
+static void group_slice(void *arg, int64_t b, int64_t e, int32_t ith, int32_t nth) {
+    (void)ith;
+    (void)nth;
+    const struct group_job *g = arg;
+    if (g->epilogue) {
+        for (int32_t i = 0; i < g->n; i++) group_panels(g, i, b, e);
+        const int64_t n = g->p[0].w->ne[1];
+        const int64_t r1 = e * KERN_PANEL_ROWS;
+        g->epilogue(g->arg, b * KERN_PANEL_ROWS, r1 < n ? r1 : n);
+        return;
+    }
+    for (int32_t i = 0; i < g->n; i++) {
+        const int64_t p0 = b > g->first[i] ? b : g->first[i];
+        const int64_t p1 = e < g->first[i + 1] ? e : g->first[i + 1];
+        if (p0 < p1) group_panels(g, i, p0 - g->first[i], p1 - g->first[i]);
+    }
+}
+
+/* Rows [b, e) of the epilogue, when the products ran one by one. */
+static void epilogue_slice(void *arg, int64_t b, int64_t e, int32_t ith, int32_t nth) {
+    (void)ith;
+    (void)nth;
+    const struct group_job *g = arg;
+    g->epilogue(g->arg, b, e);
+}
+
+/* Tokens [t0, t1) of x quantized for every product that owns its activation rows. */
+static void group_act_slice(void *arg, int64_t t0, int64_t t1, int32_t ith, int32_t nth) {
+    (void)ith;
+    (void)nth;
+    const struct group_job *g = arg;
+    const kern_qpanel_act_fn quantize = kern_get()->qpanel_act;
+    for (int32_t i = 0; i < g->n; i++) {
+        const struct tensor *w = g->p[i].w;
+        bool shared = false;  // another product of the same type quantized them already
+        for (int32_t j = 0; j < i; j++) shared = shared || g->xq[j] == g->xq[i];
+        if (!g->xq[i] || shared) continue;
+        for (int64_t t = t0; t < t1; t++) {
+            quantize(w->type, g->x + t * w->ne[0], w->ne[0],
+                     (uint8_t *)g->xq[i] + (size_t)t * g->xq_row[i]);
+        }
+    }
+}
+
+void kern_matmul_group(struct threadpool *pool, struct kern_scratch *scratch, const float *x,
+                       int64_t n_tokens, const struct kern_product *p, int32_t n,
+                       kern_rows_fn epilogue, void *arg) {
+    ASSERT(n >= 1 && n <= KERN_GROUP_MAX);
+    struct group_job g = {.p = p, .n = n, .x = x, .n_tokens = n_tokens, .epilogue = epilogue,
+                          .arg = arg};
+    bool fused = true;  // every weight has panels: one region
+    for (int32_t i = 0; i < n; i++) {
+        const struct tensor *w = p[i].w;
+        ASSERT(w->ne[0] == p[0].w->ne[0] && w->ne[2] == 1 && w->ne[3] == 1);
+        ASSERT(!epilogue || w->ne[1] == p[0].w->ne[1]);
+        fused = fused && w->panels;
+    }
+    if (!fused) {
+        for (int32_t i = 0; i < n; i++) kern_matmul(pool, scratch, p[i].w, x, n_tokens, p[i].y);
+        if (epilogue) threadpool_run(pool, p[0].w->ne[1], KERN_PANEL_ROWS, epilogue_slice, &g);
+        return;
+    }
+    // One activation row set per quantized type of the group, in the scratch
+    size_t at[KERN_GROUP_MAX] = {0}, bytes = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const struct tensor *w = p[i].w;
+        if (!is_quantized(w->type)) continue;
+        g.xq_row[i] = kern_qpanel_act_bytes(w->type, w->ne[0]);
+        int32_t j = 0;
+        while (j < i && !(g.xq_row[j] && p[j].w->type == w->type)) j++;
+        if (j < i) {
+            at[i] = at[j];
+        } else {
+            at[i] = bytes;
+            bytes += (size_t)n_tokens * g.xq_row[i];
+        }
+    }
+    if (bytes) reserve_act(scratch, bytes);
+    for (int32_t i = 0; i < n; i++) {
+        if (g.xq_row[i]) g.xq[i] = (const uint8_t *)scratch->act + at[i];
+    }
+    if (bytes) {
+        // a few rows are cheaper to quantize here than a parallel region costs
+        if (n_tokens <= KERN_GEMV_MAX_TOKENS) group_act_slice(&g, 0, n_tokens, 0, 1);
+        else threadpool_run(pool, n_tokens, 1, group_act_slice, &g);
+    }
+    for (int32_t i = 0; i < n; i++) g.first[i + 1] = g.first[i] + n_panels_of(p[i].w);
+    const int64_t n_items = epilogue ? n_panels_of(p[0].w) : g.first[n];
+    threadpool_run(pool, n_items, 1, group_slice, &g);
+}
+
 const char *kern_blas_init(void) {
     openblas_set_num_threads(1);
     return openblas_get_corename();

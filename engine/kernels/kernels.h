@@ -450,6 +450,31 @@ void kern_scratch_free(struct kern_scratch *s);  // safe on a zeroed struct
 void kern_matmul(struct threadpool *pool, struct kern_scratch *scratch, const struct tensor *w,
                  const float *x, int64_t n_tokens, float *y);
 
+/* One product of a group: y [n_tokens][w->ne[1]] = x * w^T. */
+struct kern_product {
+    const struct tensor *w;
+    float *y;
+};
+
+#define KERN_GROUP_MAX 4
+
+/* Rows [r0, r1) of a group's outputs, for every token, are final. */
+typedef void (*kern_rows_fn)(void *arg, int64_t r0, int64_t r1);
+
+/* The n <= KERN_GROUP_MAX products p[i].y = x * p[i].w^T of one input x
+ * [n_tokens][k] (every w has k columns): the same results, bit for bit, as n
+ * kern_matmul() calls, in one parallel region instead of n when every w has
+ * panels, with x quantized once per weight type. A decode step is a few
+ * milliseconds of ~100 regions, and between regions the pool's other threads
+ * wait, so fewer regions is time back (Q/K/V, gate/up). If epilogue is set,
+ * every w must have the same rows n_out, and epilogue(arg, r0, r1) runs on
+ * the thread that computed rows [r0, r1) of every product, right after them
+ * (without panels: in a region of its own after the products), with ranges
+ * that cover [0, n_out) once. */
+void kern_matmul_group(struct threadpool *pool, struct kern_scratch *scratch, const float *x,
+                       int64_t n_tokens, const struct kern_product *p, int32_t n,
+                       kern_rows_fn epilogue, void *arg);
+
 /* Tells OpenBLAS to use one thread (our pool parallelises) and returns its core
  * name ("SkylakeX", "Prescott", ...) for the start-up log. */
 const char *kern_blas_init(void);

@@ -9,6 +9,8 @@
  * operands; kern_matmul on quantized weights (row dots, sgemm and q-panel
  * paths) against float64 over dequant(W) and dequant(q8(x)), and against the
  * f32 product within the per-format tolerance of docs/quantization.md.
+ * kern_matmul_group against the same float64 product and, bit for bit,
+ * against kern_matmul on each weight alone.
  * (The q-panel kernels themselves: tests/engine/kernels/test_qpanel.c.)
  */
 #include <math.h>
@@ -443,6 +445,164 @@ static void test_kernels_quantized_matmul_matches_float64(void **state) {
     threadpool_free(pool);
 }
 
+/* One weight of a group test: random rows of type t, packed into panels,
+ * and its dequantized rows (the float64 oracle's operand). */
+struct gweight {
+    struct tensor w;
+    void *data, *pw;
+    float *wd;  // [n][k] dequantized
+};
+
+static void gweight_make(struct gweight *g, enum quant_type t, int64_t k, int64_t n) {
+    const bool is_f16 = t == QUANT_F16;
+    const size_t row = is_f16 ? (size_t)k * 2 : quant_row_size(t, k);
+    g->data = malloc(row * (size_t)n);
+    g->wd = malloc((size_t)(k * n) * sizeof(float));
+    float *wf = malloc((size_t)k * sizeof(float));
+    for (int64_t r = 0; r < n; r++) {
+        for (int64_t i = 0; i < k; i++) wf[i] = frand();
+        uint8_t *dst = (uint8_t *)g->data + (size_t)r * row;
+        if (is_f16) {
+            for (int64_t i = 0; i < k; i++) {
+                ((uint16_t *)dst)[i] = quant_f32_to_f16(wf[i]);
+                g->wd[r * k + i] = quant_f16_to_f32(((uint16_t *)dst)[i]);
+            }
+        } else {
+            quant_traits(t)->from_f32(wf, dst, k);
+            quant_traits(t)->to_f32(dst, g->wd + r * k, k);
+        }
+    }
+    free(wf);
+    g->w = (struct tensor){.type = t, .n_dims = 2, .ne = {k, n, 1, 1}, .row_bytes = row,
+                           .data = g->data};
+    g->pw = aligned_alloc(64, (kern_panel_bytes(&g->w) + 63) / 64 * 64);
+    kern_panel_pack(&g->w, g->pw);
+    g->w.panels = g->pw;
+}
+
+static void gweight_free(struct gweight *g) {
+    free(g->data);
+    free(g->pw);
+    free(g->wd);
+}
+
+/* The epilogue's record: how often each row was handed over, and the rows'
+ * values at that moment (they must be final then). */
+struct rows_seen {
+    int32_t count[256];
+    const float *y[2];  // the paired products' outputs [T][n]
+    float *snap[2];
+    int64_t n_tokens, n;
+};
+
+static void record_rows(void *arg, int64_t r0, int64_t r1) {
+    struct rows_seen *rs = arg;
+    for (int64_t r = r0; r < r1; r++) {
+        rs->count[r]++;
+        for (int32_t i = 0; i < 2; i++) {
+            for (int64_t t = 0; t < rs->n_tokens; t++) {
+                rs->snap[i][t * rs->n + r] = rs->y[i][t * rs->n + r];
+            }
+        }
+    }
+}
+
+/* kern_matmul_group: each product the same bits as kern_matmul on its own,
+ * which is within float rounding of a float64 product over the dequantized
+ * weights and activations (rounded through the weight's partner type), for a
+ * group mixing weight types as Q4_K_M files do (Q4_K beside Q6_K) and f16; an
+ * epilogue sees every row once, when the rows of both products are final. */
+static void test_kernels_group_matches_float64_and_separate_products(void **state) {
+    (void)state;
+    struct threadpool *pool = threadpool_create(2);
+    assert_non_null(pool);
+    const int64_t k = 256;
+    const enum quant_type types[][3] = {{QUANT_Q8_0, QUANT_Q8_0, QUANT_Q8_0},
+                                        {QUANT_Q4_K, QUANT_Q4_K, QUANT_Q6_K},
+                                        {QUANT_F16, QUANT_Q8_0, QUANT_Q4_0}};
+    const int64_t rows[3] = {64, 32, 48};
+    const int64_t tokens[] = {1, 3, 17};
+    for (size_t gi = 0; gi < sizeof(types) / sizeof(types[0]); gi++) {
+        for (size_t ni = 0; ni < sizeof(tokens) / sizeof(tokens[0]); ni++) {
+            const int64_t T = tokens[ni];
+            rng_state = (uint32_t)(gi * 101 + ni);
+            struct gweight gw[3];
+            struct kern_product p[3];
+            float *want[3];
+            float *x = malloc((size_t)(T * k) * sizeof(float));
+            for (int64_t i = 0; i < T * k; i++) x[i] = frand();
+            struct kern_scratch ks;
+            assert_int_equal(kern_scratch_init(&ks, 2, k), 0);
+            for (int32_t i = 0; i < 3; i++) {
+                gweight_make(&gw[i], types[gi][i], k, rows[i]);
+                p[i] = (struct kern_product){&gw[i].w, malloc((size_t)(T * rows[i]) * 4)};
+                want[i] = malloc((size_t)(T * rows[i]) * sizeof(float));
+                kern_matmul(pool, &ks, &gw[i].w, x, T, want[i]);
+            }
+            kern_matmul_group(pool, &ks, x, T, p, 3, NULL, NULL);
+            float *xd = malloc((size_t)k * sizeof(float));
+            void *xq = malloc(quant_row_size(QUANT_Q8_K, k) + quant_row_size(QUANT_Q8_0, k));
+            for (int32_t i = 0; i < 3; i++) {
+                const enum quant_type t = types[gi][i];
+                assert_memory_equal(p[i].y, want[i], (size_t)(T * rows[i]) * sizeof(float));
+                for (int64_t tt = 0; tt < T; tt++) {
+                    memcpy(xd, x + tt * k, (size_t)k * sizeof(float));
+                    if (t != QUANT_F16) {
+                        const struct quant_traits *vd = quant_traits(quant_traits(t)->vec_dot_type);
+                        vd->from_f32(x + tt * k, xq, k);
+                        vd->to_f32(xq, xd, k);
+                    }
+                    for (int64_t r = 0; r < rows[i]; r++) {
+                        double e = 0.0, mag = 0.0;
+                        for (int64_t j = 0; j < k; j++) {
+                            e += (double)xd[j] * gw[i].wd[r * k + j];
+                            mag += fabs((double)xd[j] * gw[i].wd[r * k + j]);
+                        }
+                        const double got = p[i].y[tt * rows[i] + r];
+                        if (fabs(got - e) > 1e-5 * (mag + 1.0)) {
+                            fail_msg("group %zu product %d: y[%lld][%lld] = %g, expected %g", gi,
+                                     i, (long long)tt, (long long)r, got, e);
+                        }
+                    }
+                }
+            }
+            // Paired with an epilogue: the first two products over the same rows
+            struct gweight pair[2];
+            struct kern_product pp[2];
+            struct rows_seen rs = {.n_tokens = T, .n = 48};
+            float *pair_want[2];
+            for (int32_t i = 0; i < 2; i++) {
+                gweight_make(&pair[i], types[gi][i], k, 48);
+                pp[i] = (struct kern_product){&pair[i].w, malloc((size_t)(T * 48) * 4)};
+                rs.y[i] = pp[i].y;
+                rs.snap[i] = malloc((size_t)(T * 48) * sizeof(float));
+                pair_want[i] = malloc((size_t)(T * 48) * sizeof(float));
+                kern_matmul(pool, &ks, &pair[i].w, x, T, pair_want[i]);
+            }
+            kern_matmul_group(pool, &ks, x, T, pp, 2, record_rows, &rs);
+            for (int64_t r = 0; r < 48; r++) assert_int_equal(rs.count[r], 1);
+            for (int32_t i = 0; i < 2; i++) {
+                assert_memory_equal(pp[i].y, pair_want[i], (size_t)(T * 48) * sizeof(float));
+                assert_memory_equal(rs.snap[i], pair_want[i], (size_t)(T * 48) * sizeof(float));
+                free(pair_want[i]);
+                gweight_free(&pair[i]);
+                free(pp[i].y);
+                free(rs.snap[i]);
+            }
+            for (int32_t i = 0; i < 3; i++) {
+                gweight_free(&gw[i]);
+                free(p[i].y);
+                free(want[i]);
+            }
+            free(x);
+            free(xd);
+            free(xq);
+            kern_scratch_free(&ks);
+        }
+    }
+    threadpool_free(pool);
+}
+
 int main(void) {
     kern_blas_init();
     const struct CMUnitTest tests[] = {
@@ -452,6 +612,7 @@ int main(void) {
         cmocka_unit_test(test_kernels_vec_dots_every_isa_match_portable),
         cmocka_unit_test(test_kernels_panels_every_isa_bit_identical_and_batch_invariant),
         cmocka_unit_test(test_kernels_quantized_matmul_matches_float64),
+        cmocka_unit_test(test_kernels_group_matches_float64_and_separate_products),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
