@@ -100,39 +100,6 @@ static void gemv_rows(const struct matmul_job *j, int64_t r0, int64_t r1) {
     }
 }
 
-/* Panels [p0, p1) of a packed f32/f16/bf16 weight, for every token. */
-static void panel_slice(void *arg, int64_t p0, int64_t p1, int32_t ith, int32_t nth) {
-    (void)ith;
-    (void)nth;
-    const struct matmul_job *j = arg;
-    const struct tensor *w = j->w;
-    const struct kern_panel *kp = &kern_get()->panel;
-    kern_panel_fn fn = w->type == QUANT_F32 ? kp->f32 : w->type == QUANT_F16 ? kp->f16 : kp->bf16;
-    fn(j->x, j->n_tokens, w->panels, w->ne[0], w->ne[1], p0, p1, j->y);
-}
-
-/* Q-panels [p0, p1) of a packed quantized weight, for every token. */
-static void qpanel_slice(void *arg, int64_t p0, int64_t p1, int32_t ith, int32_t nth) {
-    (void)ith;
-    (void)nth;
-    const struct matmul_job *j = arg;
-    const struct tensor *w = j->w;
-    kern_get()->qpanel[w->type](j->xq, j->n_tokens, w->panels, w->ne[0], w->ne[1], p0, p1, j->y);
-}
-
-/* Tokens [t0, t1) of x quantized into q-panel activation rows. */
-static void qact_slice(void *arg, int64_t t0, int64_t t1, int32_t ith, int32_t nth) {
-    (void)ith;
-    (void)nth;
-    const struct matmul_job *j = arg;
-    const int64_t k = j->w->ne[0];
-    uint8_t *act = j->scratch->act;
-    const kern_qpanel_act_fn quantize = kern_get()->qpanel_act;
-    for (int64_t t = t0; t < t1; t++) {
-        quantize(j->w->type, j->x + t * k, k, act + (size_t)t * j->xq_row);
-    }
-}
-
 static void matmul_slice(void *arg, int64_t r0, int64_t r1, int32_t ith, int32_t nth) {
     (void)nth;
     const struct matmul_job *j = arg;
@@ -217,24 +184,9 @@ void kern_matmul(struct threadpool *pool, struct kern_scratch *scratch, const st
                  const float *x, int64_t n_tokens, float *y) {
     ASSERT(w->ne[2] == 1 && w->ne[3] == 1);
     struct matmul_job job = {.scratch = scratch, .w = w, .x = x, .n_tokens = n_tokens, .y = y};
-    if (w->panels && is_quantized(w->type)) {
-        const int64_t n_panels = (w->ne[1] + KERN_PANEL_ROWS - 1) / KERN_PANEL_ROWS;
-        ASSERT(kern_get()->qpanel[w->type]);
-        job.xq_row = kern_qpanel_act_bytes(w->type, w->ne[0]);
-        reserve_act(scratch, (size_t)n_tokens * job.xq_row);
-        // a few rows are cheaper to quantize here than a parallel region costs
-        if (n_tokens <= KERN_GEMV_MAX_TOKENS) {
-            qact_slice(&job, 0, n_tokens, 0, 1);
-        } else {
-            threadpool_run(pool, n_tokens, 1, qact_slice, &job);
-        }
-        job.xq = scratch->act;
-        threadpool_run(pool, n_panels, 1, qpanel_slice, &job);
-        return;
-    }
-    if (w->panels) {
-        const int64_t n_panels = (w->ne[1] + KERN_PANEL_ROWS - 1) / KERN_PANEL_ROWS;
-        threadpool_run(pool, n_panels, 1, panel_slice, &job);
+    if (w->panels) {  // the panel and q-panel products: a group of one
+        const struct kern_product one = {.w = w, .y = y};
+        kern_matmul_group(pool, scratch, x, n_tokens, &one, 1, NULL, NULL);
         return;
     }
     if (!is_quantized(w->type)) {
@@ -274,6 +226,7 @@ struct group_job {
     int64_t n_tokens;
     const uint8_t *xq[KERN_GROUP_MAX];  // product i's activation rows (q-panels), or NULL
     size_t xq_row[KERN_GROUP_MAX];
+    bool quantizes[KERN_GROUP_MAX];     // product i writes xq[i] (the first of its type)
     int64_t first[KERN_GROUP_MAX + 1];  // product i's panels: items [first[i], first[i + 1])
     kern_rows_fn epilogue;
     void *arg;
@@ -323,7 +276,7 @@ static void epilogue_slice(void *arg, int64_t b, int64_t e, int32_t ith, int32_t
     g->epilogue(g->arg, b, e);
 }
 
-/* Tokens [t0, t1) of x quantized for every product that owns its activation rows. */
+/* Tokens [t0, t1) of x quantized once per weight type of the group. */
 static void group_act_slice(void *arg, int64_t t0, int64_t t1, int32_t ith, int32_t nth) {
     (void)ith;
     (void)nth;
@@ -331,9 +284,7 @@ static void group_act_slice(void *arg, int64_t t0, int64_t t1, int32_t ith, int3
     const kern_qpanel_act_fn quantize = kern_get()->qpanel_act;
     for (int32_t i = 0; i < g->n; i++) {
         const struct tensor *w = g->p[i].w;
-        bool shared = false;  // another product of the same type quantized them already
-        for (int32_t j = 0; j < i; j++) shared = shared || g->xq[j] == g->xq[i];
-        if (!g->xq[i] || shared) continue;
+        if (!g->quantizes[i]) continue;
         for (int64_t t = t0; t < t1; t++) {
             quantize(w->type, g->x + t * w->ne[0], w->ne[0],
                      (uint8_t *)g->xq[i] + (size_t)t * g->xq_row[i]);
@@ -364,15 +315,13 @@ void kern_matmul_group(struct threadpool *pool, struct kern_scratch *scratch, co
     for (int32_t i = 0; i < n; i++) {
         const struct tensor *w = p[i].w;
         if (!is_quantized(w->type)) continue;
+        ASSERT(kern_get()->qpanel[w->type]);
         g.xq_row[i] = kern_qpanel_act_bytes(w->type, w->ne[0]);
-        int32_t j = 0;
+        int32_t j = 0;  // the first product of this type
         while (j < i && !(g.xq_row[j] && p[j].w->type == w->type)) j++;
-        if (j < i) {
-            at[i] = at[j];
-        } else {
-            at[i] = bytes;
-            bytes += (size_t)n_tokens * g.xq_row[i];
-        }
+        g.quantizes[i] = j == i;
+        at[i] = g.quantizes[i] ? bytes : at[j];
+        if (g.quantizes[i]) bytes += (size_t)n_tokens * g.xq_row[i];
     }
     if (bytes) reserve_act(scratch, bytes);
     for (int32_t i = 0; i < n; i++) {

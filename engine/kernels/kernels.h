@@ -470,7 +470,8 @@ typedef void (*kern_rows_fn)(void *arg, int64_t r0, int64_t r1);
  * every w must have the same rows n_out, and epilogue(arg, r0, r1) runs on
  * the thread that computed rows [r0, r1) of every product, right after them
  * (without panels: in a region of its own after the products), with ranges
- * that cover [0, n_out) once. */
+ * that cover [0, n_out) once. kern_matmul() on a weight with panels is a
+ * group of one. */
 void kern_matmul_group(struct threadpool *pool, struct kern_scratch *scratch, const float *x,
                        int64_t n_tokens, const struct kern_product *p, int32_t n,
                        kern_rows_fn epilogue, void *arg);

@@ -486,6 +486,37 @@ static void gweight_free(struct gweight *g) {
     free(g->wd);
 }
 
+/* y [T][n] of weight g against float64 over its dequantized rows and x
+ * rounded through the weight's partner type (f16 weights: x as it is). */
+static void check_group_float64(const struct gweight *g, const float *x, int64_t T,
+                                const float *y) {
+    const int64_t k = g->w.ne[0], n = g->w.ne[1];
+    const enum quant_type t = g->w.type;
+    float *xd = malloc((size_t)k * sizeof(float));
+    void *xq = t == QUANT_F16 ? NULL : malloc(quant_row_size(quant_traits(t)->vec_dot_type, k));
+    for (int64_t tt = 0; tt < T; tt++) {
+        memcpy(xd, x + tt * k, (size_t)k * sizeof(float));
+        if (xq) {
+            const struct quant_traits *vd = quant_traits(quant_traits(t)->vec_dot_type);
+            vd->from_f32(x + tt * k, xq, k);
+            vd->to_f32(xq, xd, k);
+        }
+        for (int64_t r = 0; r < n; r++) {
+            double e = 0.0, mag = 0.0;
+            for (int64_t j = 0; j < k; j++) {
+                e += (double)xd[j] * g->wd[r * k + j];
+                mag += fabs((double)xd[j] * g->wd[r * k + j]);
+            }
+            if (fabs(y[tt * n + r] - e) > 1e-5 * (mag + 1.0)) {
+                fail_msg("%s: y[%lld][%lld] = %g, expected %g", quant_traits(t)->name,
+                         (long long)tt, (long long)r, y[tt * n + r], e);
+            }
+        }
+    }
+    free(xd);
+    free(xq);
+}
+
 /* The epilogue's record: how often each row was handed over, and the rows'
  * values at that moment (they must be final then). */
 struct rows_seen {
@@ -540,31 +571,9 @@ static void test_kernels_group_matches_float64_and_separate_products(void **stat
                 kern_matmul(pool, &ks, &gw[i].w, x, T, want[i]);
             }
             kern_matmul_group(pool, &ks, x, T, p, 3, NULL, NULL);
-            float *xd = malloc((size_t)k * sizeof(float));
-            void *xq = malloc(quant_row_size(QUANT_Q8_K, k) + quant_row_size(QUANT_Q8_0, k));
             for (int32_t i = 0; i < 3; i++) {
-                const enum quant_type t = types[gi][i];
                 assert_memory_equal(p[i].y, want[i], (size_t)(T * rows[i]) * sizeof(float));
-                for (int64_t tt = 0; tt < T; tt++) {
-                    memcpy(xd, x + tt * k, (size_t)k * sizeof(float));
-                    if (t != QUANT_F16) {
-                        const struct quant_traits *vd = quant_traits(quant_traits(t)->vec_dot_type);
-                        vd->from_f32(x + tt * k, xq, k);
-                        vd->to_f32(xq, xd, k);
-                    }
-                    for (int64_t r = 0; r < rows[i]; r++) {
-                        double e = 0.0, mag = 0.0;
-                        for (int64_t j = 0; j < k; j++) {
-                            e += (double)xd[j] * gw[i].wd[r * k + j];
-                            mag += fabs((double)xd[j] * gw[i].wd[r * k + j]);
-                        }
-                        const double got = p[i].y[tt * rows[i] + r];
-                        if (fabs(got - e) > 1e-5 * (mag + 1.0)) {
-                            fail_msg("group %zu product %d: y[%lld][%lld] = %g, expected %g", gi,
-                                     i, (long long)tt, (long long)r, got, e);
-                        }
-                    }
-                }
+                check_group_float64(&gw[i], x, T, p[i].y);
             }
             // Paired with an epilogue: the first two products over the same rows
             struct gweight pair[2];
@@ -584,6 +593,7 @@ static void test_kernels_group_matches_float64_and_separate_products(void **stat
             for (int32_t i = 0; i < 2; i++) {
                 assert_memory_equal(pp[i].y, pair_want[i], (size_t)(T * 48) * sizeof(float));
                 assert_memory_equal(rs.snap[i], pair_want[i], (size_t)(T * 48) * sizeof(float));
+                check_group_float64(&pair[i], x, T, pp[i].y);
                 free(pair_want[i]);
                 gweight_free(&pair[i]);
                 free(pp[i].y);
@@ -595,8 +605,6 @@ static void test_kernels_group_matches_float64_and_separate_products(void **stat
                 free(want[i]);
             }
             free(x);
-            free(xd);
-            free(xq);
             kern_scratch_free(&ks);
         }
     }
