@@ -88,19 +88,77 @@ static void swiglu_slice(void *arg, int64_t c0, int64_t c1, int32_t ith, int32_t
     swiglu_cols(arg, c0, c1);
 }
 
-/* Writes this batch's K and V into the sequences' blocks, in the KV type
- * (a divided pool: only the blocks this rank holds). */
-static void kv_write(const struct kv_store *kv, int32_t il, const struct engine_batch *b,
-                     const float *k, const float *v) {
-    const int32_t n_kv = kv->n_head_kv * kv->head_dim;
-    const int32_t bs = kv->block_size;
-    for (int32_t t = 0; t < b->n_tokens; t++) {
-        const struct engine_seq *sq = &b->seqs[b->seq[t]];
-        const int32_t pos = b->pos[t];
-        const int32_t block = sq->block_table[pos / bs];
-        if (!kv_holds(kv, block)) continue;
-        kv_write_token(kv, il, block, pos % bs, k + (size_t)t * n_kv, v + (size_t)t * n_kv);
+/* What follows the Q/K/V products in a layer, one item per (token, kv head):
+ * with `finish`, the biases (qwen2), the per-head norm (qwen3) and RoPE on the
+ * kv head's k and on the q heads of its group; with `write`, the kv head's k
+ * and v into the token's block, in the KV type (a divided pool: only the
+ * blocks this rank holds). All of it is local to a head, so it runs on every
+ * thread (heads_slice): on the step thread alone, the K/V writes of a
+ * 32-token step (strided K columns, fresh pages) were 7-9% of the samples of
+ * a 32-stream run while the other threads waited. Each element sees the same
+ * operations as in the serial loops this replaced, so the bits do not move. */
+struct heads_job {
+    const struct engine_model *m;
+    const struct layer *L;
+    const struct engine_batch *b;  // the tokens, in the order of q, k, v's rows
+    float *q;                      // [T][Q]
+    float *k;                      // [T][KV]
+    float *v;                      // [T][KV]
+    const float *rope_cos;         // [T][n_rot / 2]
+    const float *rope_sin;
+    const struct kv_store *kv;
+    int32_t kl;                    // the layer in the KV pool
+    int32_t n_head;                // this rank's
+    int32_t n_head_kv;
+    bool finish;
+    bool write;
+};
+
+static void heads_slice(void *arg, int64_t i0, int64_t i1, int32_t ith, int32_t nth) {
+    (void)ith;
+    (void)nth;
+    const struct heads_job *j = arg;
+    const struct hparams *hp = &j->m->hp;
+    const struct layer *L = j->L;
+    const int32_t hd = hp->head_dim;
+    const int32_t n_rep = j->n_head / j->n_head_kv;
+    const int32_t n_q = j->n_head * hd;
+    const int32_t n_kv = j->n_head_kv * hd;
+    const int32_t n_pairs = hp->n_rot / 2;
+    for (int64_t i = i0; i < i1; i++) {
+        const int32_t t = (int32_t)(i / j->n_head_kv);
+        const int32_t g = (int32_t)(i % j->n_head_kv);
+        float *kt = j->k + (size_t)t * n_kv;  // the token's rows
+        float *vt = j->v + (size_t)t * n_kv;
+        if (j->finish) {
+            const size_t qo = (size_t)g * n_rep * hd;  // the group's q heads
+            float *qh = j->q + (size_t)t * n_q + qo;
+            float *kh = kt + (size_t)g * hd;
+            float *vh = vt + (size_t)g * hd;
+            if (L->bq) add_bias(qh, L->bq + qo, 1, n_rep * hd);
+            if (L->bk) add_bias(kh, L->bk + (size_t)g * hd, 1, hd);
+            if (L->bv) add_bias(vh, L->bv + (size_t)g * hd, 1, hd);
+            if (L->q_norm) {
+                rmsnorm_rows(qh, qh, L->q_norm, n_rep, hd, hp->norm_eps);
+                rmsnorm_rows(kh, kh, L->k_norm, 1, hd, hp->norm_eps);
+            }
+            const float *c = j->rope_cos + (size_t)t * n_pairs;
+            const float *s = j->rope_sin + (size_t)t * n_pairs;
+            rope_apply(qh, n_rep, hd, hp->n_rot, c, s, j->m->arch->rope);
+            rope_apply(kh, 1, hd, hp->n_rot, c, s, j->m->arch->rope);
+        }
+        if (j->write) {
+            const struct kv_store *kv = j->kv;
+            const int32_t bs = kv->block_size;
+            const int32_t pos = j->b->pos[t];
+            const int32_t block = j->b->seqs[j->b->seq[t]].block_table[pos / bs];
+            if (kv_holds(kv, block)) kv_write_heads(kv, j->kl, block, pos % bs, g, g + 1, kt, vt);
+        }
     }
+}
+
+static void run_heads(struct threadpool *pool, const struct heads_job *j) {
+    threadpool_run(pool, (int64_t)j->b->n_tokens * j->n_head_kv, 1, heads_slice, (void *)j);
 }
 
 /* Sequence parallelism: every SP rank's K and V rows of a layer, each computed
@@ -110,7 +168,12 @@ static void kv_write(const struct kv_store *kv, int32_t il, const struct engine_
 static void sp_share_kv(struct engine_ctx *ctx, const struct engine_batch *full, int32_t kl) {
     comm_allgather_parts(ctx->comm, ctx->k, ctx->sp_counts);
     comm_allgather_parts(ctx->comm, ctx->v, ctx->sp_counts);
-    kv_write(&ctx->kv, kl, full, ctx->k, ctx->v);
+    const struct heads_job wj = {
+        .m = ctx->model, .L = NULL, .b = full, .q = ctx->q, .k = ctx->k, .v = ctx->v,
+        .kv = &ctx->kv, .kl = kl, .n_head = ctx->model->shard.n_head,
+        .n_head_kv = ctx->model->shard.n_head_kv, .write = true,
+    };
+    run_heads(ctx->pool, &wj);
 }
 
 /* Attention over a KV pool divided over the SP ranks (kv.h): every rank
@@ -249,29 +312,18 @@ static void run_layers(struct engine_ctx *ctx, const struct engine_batch *full,
                                               {ADAPTER_PROJ_K, k, n_kv},
                                               {ADAPTER_PROJ_V, v, n_kv}};
         adapter_apply_lora(pool, ab, il, ctx->xb, n_embd, qkv, 3);       // + B (s A xb)
-        if (L->bq) add_bias(q, L->bq, T, n_q);
-        if (L->bk) add_bias(k, L->bk, T, n_kv);
-        if (L->bv) add_bias(v, L->bv, T, n_kv);
 
-        // Per-head RMSNorm of q and k (qwen3)                 [T * n_head][head_dim]
-        if (L->q_norm) {
-            rmsnorm_rows(q, q, L->q_norm, (int64_t)T * n_head, head_dim, hp->norm_eps);
-            rmsnorm_rows(k, k, L->k_norm, (int64_t)T * n_head_kv, head_dim,
-                         hp->norm_eps);
-        }
-
-        // RoPE on q and k, at each token's position
-        for (int32_t t = 0; t < T; t++) {
-            const float *c = ctx->rope_cos + (size_t)t * n_pairs;
-            const float *s = ctx->rope_sin + (size_t)t * n_pairs;
-            rope_apply(q + (size_t)t * n_q, n_head, head_dim, hp->n_rot, c, s, m->arch->rope);
-            rope_apply(k + (size_t)t * n_kv, n_head_kv, head_dim, hp->n_rot, c, s,
-                       m->arch->rope);
-        }
-
-        // Write K/V into the sequences' blocks, then attend through the block tables
+        // Per (token, kv head): + bias (qwen2), per-head RMSNorm of q and k
+        // (qwen3), RoPE at the token's position, and (SP: after every rank's
+        // rows are shared) K/V into the sequences' blocks; then attend through
+        // the block tables
+        const struct heads_job hj = {
+            .m = m, .L = L, .b = b, .q = q, .k = k, .v = v, .rope_cos = ctx->rope_cos,
+            .rope_sin = ctx->rope_sin, .kv = &ctx->kv, .kl = kl, .n_head = n_head,
+            .n_head_kv = n_head_kv, .finish = true, .write = !is_sp,
+        };
+        run_heads(pool, &hj);
         if (is_sp) sp_share_kv(ctx, full, kl);
-        else kv_write(&ctx->kv, kl, b, k, v);
         att.layer = kl;
         if (is_divided) attend_divided(ctx, &att, full, t0, T, is_sp);   // [T][Q]
         else attention_run(pool, &att);                                  // [T][Q]

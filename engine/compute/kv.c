@@ -88,10 +88,16 @@ static float quantize_group(const float *x, int32_t n, int8_t *q, int32_t q_stri
 
 void kv_write_token(const struct kv_store *kv, int32_t il, int32_t block, int32_t slot,
                     const float *k, const float *v) {
+    kv_write_heads(kv, il, block, slot, 0, kv->n_head_kv, k, v);
+}
+
+void kv_write_heads(const struct kv_store *kv, int32_t il, int32_t block, int32_t slot,
+                    int32_t h0, int32_t h1, const float *k, const float *v) {
     const int32_t hd = kv->head_dim;
     const int32_t bs = kv->block_size;
     const int32_t ng = n_groups(hd);
-    for (int32_t h = 0; h < kv->n_head_kv; h++) {
+    ASSERT(h0 >= 0 && h0 <= h1 && h1 <= kv->n_head_kv);
+    for (int32_t h = h0; h < h1; h++) {
         const float *kh = k + (size_t)h * hd;
         const float *vh = v + (size_t)h * hd;
         void *kt = kv_k_tile(kv, il, block, h);

@@ -100,6 +100,11 @@ static inline void *kv_v_tile(const struct kv_store *kv, int32_t il, int32_t b, 
 void kv_write_token(const struct kv_store *kv, int32_t il, int32_t block, int32_t slot,
                     const float *k, const float *v);
 
+/* kv_write_token() for kv heads [h0, h1) only (k and v still the token's
+ * whole rows): the token's heads may be written from different threads. */
+void kv_write_heads(const struct kv_store *kv, int32_t il, int32_t block, int32_t slot,
+                    int32_t h0, int32_t h1, const float *k, const float *v);
+
 /* The stored values of one token back as floats ([n_head_kv][head_dim] each):
  * what attention computes with. For tests and tools, not the hot path. */
 void kv_read_token(const struct kv_store *kv, int32_t il, int32_t block, int32_t slot, float *k,

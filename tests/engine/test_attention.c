@@ -171,7 +171,22 @@ static void check_shape(struct threadpool *pool, const struct shape *sh,
             vp[i] = frand();
         }
         if (p % 7 == 3) kp[p % (n_kv * hd)] = 9.0f;  // an outlier: a coarse q8_0 group
-        kv_write_token(&kv, 0, table[p / bs], p % bs, kp, vp);
+        if (p % 2 == 0) {
+            kv_write_token(&kv, 0, table[p / bs], p % bs, kp, vp);
+        } else {
+            // Odd positions by kv head ranges, as the forward pass's threads
+            // write them: heads [0, h) first, and the slot's other heads are
+            // still the fresh pool's zeros, then the rest.
+            const int32_t h = n_kv / 2;
+            kv_write_heads(&kv, 0, table[p / bs], p % bs, 0, h, kp, vp);
+            kv_read_token(&kv, 0, table[p / bs], p % bs, Ks + (size_t)p * n_kv * hd,
+                          Vs + (size_t)p * n_kv * hd);
+            for (size_t i = (size_t)h * hd; i < (size_t)n_kv * hd; i++) {
+                assert_true(Ks[(size_t)p * n_kv * hd + i] == 0.0f);
+                assert_true(Vs[(size_t)p * n_kv * hd + i] == 0.0f);
+            }
+            kv_write_heads(&kv, 0, table[p / bs], p % bs, h, n_kv, kp, vp);
+        }
         kv_read_token(&kv, 0, table[p / bs], p % bs, Ks + (size_t)p * n_kv * hd,
                       Vs + (size_t)p * n_kv * hd);
         for (int32_t g = 0; g < n_kv; g++) {
