@@ -4,9 +4,13 @@
  * by (layer, block id, kv head); the scheduler decides which block id belongs
  * to which sequence, the engine only reads and writes where it is told.
  *
- * Each of K and V is [n_layer][n_blocks][n_head_kv][tile], one contiguous tile
+ * Each of K and V is [n_blocks][n_layer][n_head_kv][tile], one contiguous tile
  * per kv head of a block, which is what attention walks (bs = block_size,
- * hd = head_dim, ng = ceil(hd / 32) groups of 32 values along head_dim):
+ * hd = head_dim, ng = ceil(hd / 32) groups of 32 values along head_dim). A
+ * block's tiles of every layer are side by side, so the memory a sequence
+ * commits (kv.c: pages are committed when first written, 2 MiB ones where the
+ * kernel grants them) grows with its blocks, not with the layers times a
+ * page:
  *
  *   f32   K tile: float    k[hd][bs]     transposed: a block's scores are vector FMAs
  *         V tile: float    v[bs][hd]
@@ -51,8 +55,9 @@ struct kv_store {
     int32_t head_dim;
     size_t tile_bytes;    // one kv head of one block, K or V (kv_tile_bytes)
     size_t block_bytes;   // n_head_kv * tile_bytes: one block of one layer
-    uint8_t *k;           // owned
+    uint8_t *k;           // owned (kv_free)
     uint8_t *v;           // owned
+    size_t pool_bytes;    // of each of k and v
 };
 
 /* Bytes of one K (or V) tile: one kv head of one block. */
@@ -81,7 +86,7 @@ static inline bool kv_holds(const struct kv_store *kv, int32_t b) {
 /* Where the tiles of kv head h of block b (held here) of layer il start. */
 static inline size_t kv_tile_offset(const struct kv_store *kv, int32_t il, int32_t b, int32_t h) {
     const int32_t local = kv->n_parts == 1 ? b : b / kv->n_parts;
-    return ((size_t)il * (size_t)kv->n_local + (size_t)local) * kv->block_bytes +
+    return ((size_t)local * (size_t)kv->n_layer + (size_t)il) * kv->block_bytes +
            (size_t)h * kv->tile_bytes;
 }
 

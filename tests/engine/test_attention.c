@@ -693,6 +693,52 @@ static void test_attention_kv_bytes_per_token(void **state) {
     assert_string_equal(engine_kv_type_name(ENGINE_KV_TYPE_F32), "f32");
 }
 
+/* Every (layer, block, slot, kv head) of a pool has its own bytes: an f32
+ * pool of 3 layers, 5 blocks and 2 kv heads, each slot written with values
+ * that name it, reads every value back exactly (f32 stores them as they are);
+ * the slots not written yet read as the fresh pool's zeros; and a divided
+ * part (kv_init_part) addresses its own blocks the same way. */
+static void test_kv_every_slot_its_own_bytes(void **state) {
+    (void)state;
+    enum { NL = 3, NB = 6, BS = 4, NKV = 2, HD = 8 };
+    for (int32_t n_parts = 1; n_parts <= 2; n_parts++) {
+        for (int32_t part = 0; part < n_parts; part++) {
+            struct kv_store kv;
+            assert_int_equal(kv_init_part(&kv, ENGINE_KV_TYPE_F32, NL, NB, BS, NKV, HD, n_parts,
+                                          part), 0);
+            float k[NKV * HD], v[NKV * HD], rk[NKV * HD], rv[NKV * HD];
+            // Block 0 is the null block; slot 3 of every block stays unwritten.
+            for (int32_t il = 0; il < NL; il++) {
+                for (int32_t b = 1; b < NB; b++) {
+                    if (!kv_holds(&kv, b)) continue;
+                    for (int32_t j = 0; j < BS - 1; j++) {
+                        for (int32_t i = 0; i < NKV * HD; i++) {
+                            k[i] = (float)(((il * NB + b) * BS + j) * 100 + i);
+                            v[i] = -k[i];
+                        }
+                        kv_write_token(&kv, il, b, j, k, v);
+                    }
+                }
+            }
+            for (int32_t il = 0; il < NL; il++) {
+                for (int32_t b = 1; b < NB; b++) {
+                    if (!kv_holds(&kv, b)) continue;
+                    for (int32_t j = 0; j < BS; j++) {
+                        kv_read_token(&kv, il, b, j, rk, rv);
+                        for (int32_t i = 0; i < NKV * HD; i++) {
+                            const float want =
+                                j == BS - 1 ? 0.0f : (float)(((il * NB + b) * BS + j) * 100 + i);
+                            assert_true(rk[i] == want);
+                            assert_true(rv[i] == -want);
+                        }
+                    }
+                }
+            }
+            kv_free(&kv);
+        }
+    }
+}
+
 /* A KV pool divided over n_parts ranks (kv.h): each part holds the blocks
  * b % n_parts == part only, its attention_run with part_m gives the
  * recurrence's unnormalised state over those keys, and the parts merged by
@@ -848,6 +894,7 @@ int main(void) {
         cmocka_unit_test(test_attention_kernels_match_portable),
         cmocka_unit_test(test_attention_step_matches_pieces),
         cmocka_unit_test(test_attention_kv_bytes_per_token),
+        cmocka_unit_test(test_kv_every_slot_its_own_bytes),
         cmocka_unit_test(test_attention_divided_partials_combine),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
