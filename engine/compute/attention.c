@@ -20,6 +20,7 @@
 #include "engine/compute/attention.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "engine/base/alloc.h"
@@ -95,10 +96,24 @@ static void prefetch_block(const struct kv_store *kv, const struct engine_seq *s
     }
 }
 
+/* The region's items, (query tile, kv head), claimed one at a time by every
+ * thread from a shared counter rather than dealt in advance: on a shared host
+ * one vCPU can run a third slower than the other for seconds (the step thread
+ * took 1.4-1.8 s of attention against the worker's 1.1-1.3 s over the same
+ * number of equal items, docs/benchmarks.md), and then a fixed deal leaves
+ * the faster one waiting. An item's result does not depend on the thread
+ * that runs it. */
+struct attention_queue {
+    const struct attention_args *a;
+    atomic_int_fast64_t next;  // the first item not claimed yet
+};
+
 static void attention_items(void *arg, int64_t begin, int64_t end, int32_t ith, int32_t nth) {
     (void)begin;
     (void)end;
-    const struct attention_args *a = arg;
+    (void)nth;
+    struct attention_queue *aq = arg;
+    const struct attention_args *a = aq->a;
     const struct kv_store *kv = a->kv;
     const struct engine_batch *b = a->batch;
     const struct kern_attn *kern = a->kern;
@@ -125,7 +140,11 @@ static void attention_items(void *arg, int64_t begin, int64_t end, int32_t ith, 
     ASSERT(n_rep <= 64);
 
     const int64_t n_items = (int64_t)a->n_tiles * n_head_kv;
-    for (int64_t item = ith; item < n_items; item += nth) {
+    int64_t next = atomic_fetch_add_explicit(&aq->next, 1, memory_order_relaxed);
+    for (int64_t item = next; item < n_items; item = next) {
+        // The next item is claimed before this one runs, so that its first
+        // block can be prefetched at the end of this one.
+        next = atomic_fetch_add_explicit(&aq->next, 1, memory_order_relaxed);
         const struct attention_tile *tile = &a->tiles[item / n_head_kv];
         const int32_t g = (int32_t)(item % n_head_kv);
         const struct engine_seq *sq = &b->seqs[b->seq[tile->t0]];
@@ -193,12 +212,12 @@ static void attention_items(void *arg, int64_t begin, int64_t end, int32_t ith, 
                 if (!kv_holds(kv, block_of(kv, sq, bi))) continue;
             } else if (bi < last / bs) {
                 prefetch_block(kv, sq, a->layer, g, bi + 1);
-            } else if (item + nth < n_items) {  // this thread's next item's first block
-                const struct attention_tile *nt = &a->tiles[(item + nth) / n_head_kv];
+            } else if (next < n_items) {  // this thread's next item's first block
+                const struct attention_tile *nt = &a->tiles[next / n_head_kv];
                 const int32_t p0 = b->pos[nt->t0];
                 const int32_t lo0 = a->window > 0 && p0 - a->window + 1 > 0 ? p0 - a->window + 1 : 0;
                 prefetch_block(kv, &b->seqs[b->seq[nt->t0]], a->layer,
-                               (int32_t)((item + nth) % n_head_kv), lo0 / bs);
+                               (int32_t)(next % n_head_kv), lo0 / bs);
             }
             const int32_t block = block_of(kv, sq, bi);
             const int32_t base = bi * bs;
@@ -243,5 +262,7 @@ static void attention_items(void *arg, int64_t begin, int64_t end, int32_t ith, 
 }
 
 void attention_run(struct threadpool *pool, const struct attention_args *a) {
-    threadpool_run(pool, threadpool_n_threads(pool), 1, attention_items, (void *)a);
+    struct attention_queue aq = {.a = a};
+    atomic_init(&aq.next, 0);
+    threadpool_run(pool, threadpool_n_threads(pool), 1, attention_items, &aq);
 }
