@@ -15,6 +15,7 @@
 
 #include "engine/base/err.h"
 #include "engine/base/log.h"
+#include "engine/base/pages.h"
 
 enum { FILE_READ_CHUNK = 1 << 30 };  // bytes per pread (Linux stops one at 2 GiB)
 
@@ -52,11 +53,8 @@ static int read_at(int fd, const char *name, uint8_t *dst, size_t off, size_t n)
 
 /* size bytes of private anonymous memory, writable, or NULL (logged). */
 static void *reserve(size_t size, const char *name) {
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-        LOG_ERROR("cannot allocate %zu bytes for %s: %s", size, name, strerror(errno));
-        return NULL;
-    }
+    void *p = pages_reserve(size, false);
+    if (!p) LOG_ERROR("cannot allocate %zu bytes for %s: %s", size, name, strerror(errno));
     return p;
 }
 
@@ -72,8 +70,9 @@ int file_map_fd(int fd, const char *name, struct file_map *out) {
     // page that is gone. A copy is never read from the file again.
     uint8_t *p = reserve(size, name);
     if (!p) return ERR_NOMEM;
+    pages_advise_huge(p, size);  // all of it is read now
     if ((err = read_at(fd, name, p, 0, size))) {
-        munmap(p, size);
+        pages_release(p, size);
         return err;
     }
     mprotect(p, size, PROT_READ);  // read-only, as the file's mapping was
@@ -96,7 +95,7 @@ int file_map(const char *path, struct file_map *out) {
 }
 
 void file_unmap(struct file_map *m) {
-    if (m->data) munmap((void *)m->data, m->size);
+    if (m->data) pages_release((void *)m->data, m->size);
     m->data = NULL;
     m->size = 0;
 }
@@ -214,9 +213,17 @@ int file_sparse_read(struct file_sparse *s, size_t off, size_t n) {
                   s->map.size, s->fd < 0 ? ", or it is sealed" : "");
         return ERR_INVAL;
     }
+    // The 2 MiB pages the range fills wholly (a rank's strided slices of a
+    // matrix fill none, and commit no more than before).
+    pages_advise_huge((uint8_t *)s->map.data + off, n);
     int err = read_at(s->fd, s->name, (uint8_t *)s->map.data + off, off, n);
     if (!err) s->n_read += n;
     return err;
+}
+
+void file_sparse_will_read(struct file_sparse *s, size_t off, size_t n) {
+    if (!s->map.data || off >= s->map.size) return;
+    pages_advise_huge((uint8_t *)s->map.data + off, n < s->map.size - off ? n : s->map.size - off);
 }
 
 void file_sparse_seal(struct file_sparse *s) {

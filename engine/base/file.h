@@ -91,6 +91,12 @@ int file_sparse_open(const char *path, struct file_sparse *out);
  * (the read failed or the file shrank; logged with the path). */
 int file_sparse_read(struct file_sparse *s, size_t off, size_t n);
 
+/* The caller will read all of bytes [off, off + n) (clamped to the file):
+ * their memory is asked to come in 2 MiB pages, one fault each instead of
+ * 512. A hint; it reads and commits nothing. file_sparse_read() gives the
+ * same hint for the whole 2 MiB pages inside each range it reads. */
+void file_sparse_will_read(struct file_sparse *s, size_t off, size_t n);
+
 /* Closes the file and makes the bytes read-only. Idempotent. */
 void file_sparse_seal(struct file_sparse *s);
 

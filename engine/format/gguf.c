@@ -478,6 +478,10 @@ int gguf_read(struct gguf_file *f, const void *p, size_t n) {
     return file_sparse_read(&f->sparse, (size_t)(b - f->data), n);
 }
 
+void gguf_will_read_all(struct gguf_file *f) {
+    if (f->is_sparse) file_sparse_will_read(&f->sparse, f->data_offset, f->size - f->data_offset);
+}
+
 void gguf_seal(struct gguf_file *f) {
     if (f->is_sparse) file_sparse_seal(&f->sparse);
 }

@@ -93,6 +93,11 @@ int gguf_open_sparse(const char *path, struct gguf_file **out);
  * inside the data section, or f sealed) or ERR_IO (logged with the path). */
 int gguf_read(struct gguf_file *f, const void *p, size_t n);
 
+/* The caller will gguf_read() all of f's tensor data (one process holding the
+ * whole model): a hint that its memory may come in 2 MiB pages
+ * (file_sparse_will_read). A no-op for a file read whole. */
+void gguf_will_read_all(struct gguf_file *f);
+
 /* Closes f's file: nothing is read from it afterwards (gguf_read then fails),
  * and its bytes become read-only. A no-op for a file read whole. */
 void gguf_seal(struct gguf_file *f);

@@ -704,6 +704,8 @@ int engine_model_load(const struct engine_model_params *p, struct engine_model *
     // The header now, tensor data as the slices this rank needs are known.
     err = gguf_open_sparse(p->path, &m->gguf);
     if (err) goto fail;
+    // Without TP or PP this process reads every tensor (SP ranks hold all).
+    if (p->tp_size == 1 && p->pp_size == 1) gguf_will_read_all(m->gguf);
     if ((err = load_meta(&ld)) || (err = load_hparams(&ld)) || (err = load_tensors(&ld)) ||
         (err = read_vectors(&ld)) || (err = bind_tensors(&ld)) || (err = shard_layers(&ld, p)) ||
         (err = read_matrices(&ld)) || (err = pack_panels(&ld))) {

@@ -300,6 +300,36 @@ static void test_file_sparse_reads_only_its_ranges(void **state) {
     unlink(path);
 }
 
+/* Reads of several MiB ask for 2 MiB pages (file.c, advise_huge), but only
+ * over the whole 2 MiB pages inside a range: a 6 MiB file, its range [1 MiB +
+ * 10, + 3 MiB) read, leaves exactly the 4 KiB pages that range touches
+ * resident, and the bytes are the file's; file_sparse_will_read() commits
+ * nothing by itself, clamps a range past the end, and the range it named
+ * reads as the file's too. */
+static void test_file_sparse_huge_pages_commit_only_what_is_read(void **state) {
+    struct tmp *t = *state;
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    const size_t mib = (size_t)1 << 20, n = 6 * mib;
+    const char *path = pattern_file(t, "h.bin", n);
+    struct file_sparse s;
+    assert_int_equal(file_sparse_open(path, &s), 0);
+    const size_t off = mib + 10, len = 3 * mib;
+    assert_int_equal(file_sparse_read(&s, off, len), 0);
+    const size_t first = off / page, last = (off + len - 1) / page;
+    assert_int_equal(resident_pages(s.map.data, n), last - first + 1);
+    assert_int_equal(resident_pages(s.map.data + first * page, (last - first + 1) * page),
+                     last - first + 1);
+    for (size_t i = off; i < off + len; i += 4099) assert_int_equal(s.map.data[i], pattern(i));
+    file_sparse_will_read(&s, 5 * mib, SIZE_MAX);  // clamped to the end
+    file_sparse_will_read(&s, n + 1, 10);          // past the end: nothing
+    assert_int_equal(resident_pages(s.map.data, n), last - first + 1);
+    assert_int_equal(file_sparse_read(&s, 5 * mib, mib), 0);
+    for (size_t i = 5 * mib; i < n; i += 4099) assert_int_equal(s.map.data[i], pattern(i));
+    assert_int_equal(s.map.data[n - 1], pattern(n - 1));
+    file_sparse_close(&s);
+    unlink(path);
+}
+
 /* Ranges outside the file are ERR_INVAL; a file that shrank after it was
  * opened is ERR_IO for bytes past its new end, and what was there reads. */
 static void test_file_sparse_refuses_bad_ranges(void **state) {
@@ -378,6 +408,7 @@ int main(void) {
         cmocka_unit_test(test_file_cursor_skip_and_bytes),
         cmocka_unit_test(test_file_sparse_reads_only_its_ranges),
         cmocka_unit_test(test_file_sparse_refuses_bad_ranges),
+        cmocka_unit_test(test_file_sparse_huge_pages_commit_only_what_is_read),
         cmocka_unit_test(test_file_cursor_fills_from_a_sparse_file),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
