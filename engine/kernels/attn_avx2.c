@@ -13,6 +13,7 @@
 #include <math.h>
 
 #include "engine/kernels/attn.h"
+#include "engine/kernels/exp_avx2.h"
 
 static inline __m256 load8_f16(const uint16_t *p) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));
@@ -142,36 +143,12 @@ void kern_attn_avx2_scores_f32(const float *const *q, int32_t n_rows, const void
     }
 }
 
-/* exp(x) for x <= 0 (inputs are scores minus their running max): 2^n * e^f
- * with n = round(x / ln 2), |f| <= ln2/2, e^f by a degree-6 Taylor/Horner
- * polynomial (relative error < 2e-7 on that range). x < -87 gives 0. */
-static inline __m256 exp_neg(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.0f);
-    __m256 is_small = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_max_ps(x, lo);
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 f = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
-    f = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), f);
-    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
-                                  23);
-    __m256 r = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-    return _mm256_andnot_ps(is_small, r);
-}
-
 float kern_attn_avx2_exp_sum(float *p, const float *s, float m, int32_t n) {
     __m256 vm = _mm256_set1_ps(m);
     __m256 acc = _mm256_setzero_ps();
     int32_t j = 0;
     for (; j + 8 <= n; j += 8) {
-        __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+        __m256 e = kern_exp_neg_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
         _mm256_storeu_ps(p + j, e);
         acc = _mm256_add_ps(acc, e);
     }

@@ -5,6 +5,7 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "engine/kernels/exp_avx2.h"
 #include "engine/kernels/kernels.h"
 #include "engine/format/quant.h"
 
@@ -16,6 +17,22 @@ void kern_avx2_f16_to_f32(const void *restrict src, float *restrict dst, int64_t
         _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
     }
     for (; i < n; i++) dst[i] = quant_f16_to_f32(s[i]);
+}
+
+/* kern_ref_swiglu on 8 lanes, the same operations in the same order;
+ * the tail goes through the portable loop itself. */
+void kern_avx2_swiglu(float *restrict g, const float *restrict u, int64_t n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256 one = _mm256_set1_ps(1.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 z = _mm256_loadu_ps(g + i);
+        const __m256 e = kern_exp_neg_avx2(_mm256_or_ps(z, sign));  // exp(-|z|)
+        const __m256 pos = _mm256_cmp_ps(z, _mm256_setzero_ps(), _CMP_GE_OQ);
+        const __m256 s = _mm256_div_ps(_mm256_blendv_ps(e, one, pos), _mm256_add_ps(one, e));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_mul_ps(z, s), _mm256_loadu_ps(u + i)));
+    }
+    kern_ref_swiglu(g + i, u + i, n - i);
 }
 
 /* vcvtps2ph rounds to nearest even and gets subnormals and infinities right,

@@ -21,6 +21,7 @@ static struct kern_dispatch kern_table = {
     .f16_to_f32 = kern_ref_f16_to_f32,
     .bf16_to_f32 = kern_ref_bf16_to_f32,
     .f32_to_f16 = kern_ref_f32_to_f16,
+    .swiglu = kern_ref_swiglu,
     .dot_f32 = kern_ref_dot_f32,
     .dot_f16 = kern_ref_dot_f16,
     .dot_bf16 = kern_ref_dot_bf16,
@@ -202,6 +203,7 @@ const struct kern_dispatch *kern_dispatch_init(bool force_portable) {
         .f16_to_f32 = kern_ref_f16_to_f32,
         .bf16_to_f32 = kern_ref_bf16_to_f32,
         .f32_to_f16 = kern_ref_f32_to_f16,
+        .swiglu = kern_ref_swiglu,
         .dot_f32 = kern_ref_dot_f32,
         .dot_f16 = kern_ref_dot_f16,
         .dot_bf16 = kern_ref_dot_bf16,
@@ -213,6 +215,7 @@ const struct kern_dispatch *kern_dispatch_init(bool force_portable) {
         t.f16_to_f32 = kern_avx2_f16_to_f32;
         t.bf16_to_f32 = kern_avx2_bf16_to_f32;
         t.f32_to_f16 = kern_avx2_f32_to_f16;
+        t.swiglu = kern_avx2_swiglu;
         t.dot_f32 = kern_avx2_dot_f32;
         t.dot_f16 = kern_avx2_dot_f16;
         t.dot_bf16 = kern_avx2_dot_bf16;

@@ -3,6 +3,8 @@
  * against, and the fallback on CPUs without AVX2.
  */
 #include "engine/kernels/kernels.h"
+
+#include <math.h>
 #include "engine/format/quant.h"
 
 void kern_ref_f16_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
@@ -18,6 +20,36 @@ void kern_ref_f32_to_f16(const float *restrict src, void *restrict dst, int64_t 
 void kern_ref_bf16_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
     const uint16_t *s = src;
     for (int64_t i = 0; i < n; i++) dst[i] = quant_bf16_to_f32(s[i]);
+}
+
+/* exp(x) for x <= 0, kern_exp_neg_avx2's operations (kernels/exp_avx2.h) in
+ * scalar: 2^n e^f, n = round(x / ln 2) (to nearest even), f = x - n ln 2 in
+ * two parts, |f| <= ln 2 / 2, e^f by its degree-6 Taylor polynomial (Horner,
+ * fused multiply-adds), 2^n applied by ldexpf (exact, or one correct
+ * rounding into the subnormals). x < -87 gives 0, a NaN is taken as -87. */
+static float exp_nonpositive(float x) {
+    if (x < -87.0f) return 0.0f;
+    if (!(x >= -87.0f)) x = -87.0f;  // NaN
+    const float n = nearbyintf(x * 1.44269504088896341f);
+    float f = fmaf(-n, 0.693145751953125f, x);
+    f = fmaf(-n, 1.428606765330187045e-06f, f);
+    float p = 1.0f / 720.0f;
+    p = fmaf(p, f, 1.0f / 120.0f);
+    p = fmaf(p, f, 1.0f / 24.0f);
+    p = fmaf(p, f, 1.0f / 6.0f);
+    p = fmaf(p, f, 0.5f);
+    p = fmaf(p, f, 1.0f);
+    p = fmaf(p, f, 1.0f);
+    return ldexpf(p, (int)n);
+}
+
+void kern_ref_swiglu(float *restrict g, const float *restrict u, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float z = g[i];
+        const float e = exp_nonpositive(-fabsf(z));
+        const float s = (z >= 0.0f ? 1.0f : e) / (1.0f + e);
+        g[i] = z * s * u[i];
+    }
 }
 
 float kern_ref_dot_f32(const float *restrict a, const float *restrict b, int64_t n) {

@@ -136,6 +136,65 @@ static void check_matmul(struct threadpool *pool, enum quant_type t, int64_t k, 
     free(y);
 }
 
+/* SwiGLU's kernel (kernels.h): the portable one within 1e-6 relative (plus
+ * 1e-35 absolute: its exp is 0 below -87) of float64 silu(z) * u, z over
+ * [-100, 100] and its small values; infinities as the formula has them
+ * (silu(+inf) = +inf, silu(-inf) * u = NaN, silu(-88) rounds to about 0);
+ * the dispatched path (AVX2 where the CPU has it) gives the portable bits at
+ * every length mod 8, NaNs and random bit patterns included. */
+static void test_kernels_swiglu_float64_and_bit_identical(void **state) {
+    (void)state;
+    const struct kern_dispatch *kd = kern_dispatch_init(false);
+    enum { N = 4096 + 64 };
+    float *z = malloc(N * sizeof(float)), *u = malloc(N * sizeof(float));
+    float *got = malloc(N * sizeof(float)), *want = malloc(N * sizeof(float));
+    for (int i = 0; i < N; i++) {
+        rng_state = rng_state * 1664525u + 1013904223u;
+        const float r = (float)(rng_state >> 8) / (float)(1u << 24);  // [0, 1)
+        z[i] = i < 2048 ? -100.0f + 200.0f * (float)i / 2048.0f : (r - 0.5f) * (i % 3 ? 8.0f : 1e-3f);
+        u[i] = 0.25f + r;
+    }
+    for (int i = 0; i < N; i++) want[i] = z[i];
+    kern_ref_swiglu(want, u, N);
+    for (int i = 0; i < N; i++) {
+        const double zd = z[i];
+        const double ref = zd / (1.0 + exp(-zd)) * (double)u[i];
+        if (fabs(want[i] - ref) > 1e-6 * fabs(ref) + 1e-35) {
+            fail_msg("swiglu(%.9g) * %.9g: %.9g, float64 %.17g", z[i], u[i], want[i], ref);
+        }
+    }
+    float inf_z[3] = {INFINITY, -INFINITY, -88.0f}, inf_u[3] = {2.0f, 2.0f, 1.0f};
+    kern_ref_swiglu(inf_z, inf_u, 3);
+    assert_true(isinf(inf_z[0]) && inf_z[0] > 0);
+    assert_true(isnan(inf_z[1]));
+    assert_true(fabsf(inf_z[2]) < 1e-30f);
+    // Bit patterns: NaNs, infinities, subnormals, huge values.
+    for (int i = 2048; i < 2048 + 256; i++) {
+        rng_state = rng_state * 1664525u + 1013904223u;
+        uint32_t bits = rng_state ^ (rng_state << 13);
+        if (i % 4 == 0) bits |= 0x7f800000;
+        memcpy(&z[i], &bits, 4);
+    }
+    for (int64_t len = N - 7; len <= N; len++) {
+        memcpy(got, z, N * sizeof(float));
+        memcpy(want, z, N * sizeof(float));
+        kd->swiglu(got, u, len);
+        kern_ref_swiglu(want, u, len);
+        if (memcmp(got, want, (size_t)len * sizeof(float)) != 0) {
+            for (int64_t i = 0; i < len; i++) {
+                if (memcmp(&got[i], &want[i], 4) != 0) {
+                    fail_msg("swiglu (%s) of %.9g at %lld of %lld: %.9g, portable %.9g", kd->isa,
+                             z[i], (long long)i, (long long)len, got[i], want[i]);
+                }
+            }
+        }
+    }
+    free(z);
+    free(u);
+    free(got);
+    free(want);
+}
+
 /* f32 -> f16 of the dispatched path (F16C on AVX2 machines) equals the
  * portable quant_f32_to_f16 bit for bit: around every half (the value, its
  * float neighbours, the midpoints to the next half and theirs: the ties of
@@ -616,6 +675,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kernels_simd_dots_match_reference),
         cmocka_unit_test(test_kernels_f32_to_f16_bit_identical),
+        cmocka_unit_test(test_kernels_swiglu_float64_and_bit_identical),
         cmocka_unit_test(test_kernels_matmul_matches_float64),
         cmocka_unit_test(test_kernels_vec_dots_every_isa_match_portable),
         cmocka_unit_test(test_kernels_panels_every_isa_bit_identical_and_batch_invariant),

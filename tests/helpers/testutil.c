@@ -7,7 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "engine/text/tokenizer.h"
 
@@ -94,4 +96,18 @@ void testutil_spm_base(const char **tokens, float *scores, int32_t *types) {
         types[3 + i] = TOKENIZER_TYPE_BYTE;
     }
     for (int i = 0; i < TESTUTIL_SPM_BASE; i++) scores[i] = 0;
+}
+
+size_t testutil_resident_pages(const void *p, size_t n) {
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    const size_t np = (n + page - 1) / page;
+    unsigned char *v = malloc(np ? np : 1);
+    if (!v || mincore((void *)p, n, v) != 0) {
+        free(v);
+        return (size_t)-1;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < np; i++) k += v[i] & 1;
+    free(v);
+    return k;
 }

@@ -28,6 +28,9 @@ bool testutil_exists(const char *path);
  * NAME, else the file NAME.gguf, written into buf (size bytes); returns buf. */
 const char *testutil_adapter_path(const char *name, char *buf, size_t size);
 
+/* Pages of [p, p + n) resident now (mincore: the kernel's own count). */
+size_t testutil_resident_pages(const void *p, size_t n);
+
 /* Reads a whole file (malloc'd, NUL-terminated; the caller frees) or NULL. */
 char *testutil_read_file(const char *path, size_t *out_len);
 

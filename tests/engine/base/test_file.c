@@ -20,6 +20,7 @@
 
 #include "engine/base/err.h"
 #include "engine/base/file.h"
+#include "tests/helpers/testutil.h"
 
 struct tmp {
     char dir[1024];
@@ -258,18 +259,6 @@ static const char *pattern_file(struct tmp *t, const char *name, size_t n) {
     return t->path;
 }
 
-/* Pages of [p, p + n) resident now (mincore). */
-static size_t resident_pages(const void *p, size_t n) {
-    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    size_t np = (n + page - 1) / page;
-    unsigned char *v = malloc(np);
-    assert_non_null(v);
-    assert_int_equal(mincore((void *)p, n, v), 0);
-    size_t k = 0;
-    for (size_t i = 0; i < np; i++) k += v[i] & 1;
-    free(v);
-    return k;
-}
 
 /* Eight pages; [page + 10, + 2 pages) read: those bytes are the file's, every
  * other is zero, and only the three pages the range touches are resident. */
@@ -281,17 +270,17 @@ static void test_file_sparse_reads_only_its_ranges(void **state) {
     struct file_sparse s;
     assert_int_equal(file_sparse_open(path, &s), 0);
     assert_int_equal(s.map.size, n);
-    assert_int_equal(resident_pages(s.map.data, n), 0);
+    assert_int_equal(testutil_resident_pages(s.map.data, n), 0);
     const size_t off = page + 10, len = 2 * page;
     assert_int_equal(file_sparse_read(&s, off, len), 0);
     assert_int_equal(s.n_read, len);
     file_sparse_seal(&s);
-    assert_int_equal(resident_pages(s.map.data, n), 3);  // pages 1, 2 and 3
+    assert_int_equal(testutil_resident_pages(s.map.data, n), 3);  // pages 1, 2 and 3
     for (size_t i = page; i < 4 * page; i++) {
         const uint8_t want = i >= off && i < off + len ? pattern(i) : 0;
         if (s.map.data[i] != want) fail_msg("byte %zu: %u, want %u", i, s.map.data[i], want);
     }
-    assert_int_equal(resident_pages(s.map.data, n), 3);  // reading zeros made none
+    assert_int_equal(testutil_resident_pages(s.map.data, n), 3);  // reading zeros made none
     // sealed: nothing more is read
     assert_int_equal(file_sparse_read(&s, 0, 1), ERR_INVAL);
     file_sparse_close(&s);
@@ -316,13 +305,13 @@ static void test_file_sparse_huge_pages_commit_only_what_is_read(void **state) {
     const size_t off = mib + 10, len = 3 * mib;
     assert_int_equal(file_sparse_read(&s, off, len), 0);
     const size_t first = off / page, last = (off + len - 1) / page;
-    assert_int_equal(resident_pages(s.map.data, n), last - first + 1);
-    assert_int_equal(resident_pages(s.map.data + first * page, (last - first + 1) * page),
+    assert_int_equal(testutil_resident_pages(s.map.data, n), last - first + 1);
+    assert_int_equal(testutil_resident_pages(s.map.data + first * page, (last - first + 1) * page),
                      last - first + 1);
     for (size_t i = off; i < off + len; i += 4099) assert_int_equal(s.map.data[i], pattern(i));
     file_sparse_will_read(&s, 5 * mib, SIZE_MAX);  // clamped to the end
     file_sparse_will_read(&s, n + 1, 10);          // past the end: nothing
-    assert_int_equal(resident_pages(s.map.data, n), last - first + 1);
+    assert_int_equal(testutil_resident_pages(s.map.data, n), last - first + 1);
     assert_int_equal(file_sparse_read(&s, 5 * mib, mib), 0);
     for (size_t i = 5 * mib; i < n; i += 4099) assert_int_equal(s.map.data[i], pattern(i));
     assert_int_equal(s.map.data[n - 1], pattern(n - 1));

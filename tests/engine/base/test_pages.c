@@ -15,19 +15,8 @@
 #include <unistd.h>
 
 #include "engine/base/pages.h"
+#include "tests/helpers/testutil.h"
 
-/* Pages of [p, p + n) resident now. */
-static size_t resident_pages(const void *p, size_t n) {
-    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    const size_t np = (n + page - 1) / page;
-    unsigned char *v = malloc(np);
-    assert_non_null(v);
-    assert_int_equal(mincore((void *)p, n, v), 0);
-    size_t k = 0;
-    for (size_t i = 0; i < np; i++) k += v[i] & 1;
-    free(v);
-    return k;
-}
 
 /* 5 MiB reserved, either way: nothing resident, one byte written commits
  * its page (4 KiB), or at most its 2 MiB page with the ask, every other byte
@@ -40,15 +29,15 @@ static void test_pages_commit_only_where_written(void **state) {
     for (int huge = 0; huge <= 1; huge++) {
         uint8_t *p = pages_reserve(n, huge);
         assert_non_null(p);
-        assert_int_equal(resident_pages(p, n), 0);
+        assert_int_equal(testutil_resident_pages(p, n), 0);
         p[3 * page + 5] = 7;
-        const size_t r = resident_pages(p, n);
+        const size_t r = testutil_resident_pages(p, n);
         assert_true(r >= 1);
         assert_true(huge ? r <= ((size_t)2 << 20) / page : r == 1);
         for (size_t i = 0; i < n; i += 4093) assert_int_equal(p[i], i == 3 * page + 5 ? 7 : 0);
         for (size_t i = 0; i < n; i++) p[i] = (uint8_t)(i * 31);
         for (size_t i = 0; i < n; i += 997) assert_int_equal(p[i], (uint8_t)(i * 31));
-        assert_int_equal(resident_pages(p, n), n / page);
+        assert_int_equal(testutil_resident_pages(p, n), n / page);
         pages_release(p, n);
     }
     uint8_t *z = pages_reserve(0, true);
@@ -68,11 +57,11 @@ static void test_pages_advise_stays_inside_its_range(void **state) {
     uint8_t *p = pages_reserve(n, false);
     assert_non_null(p);
     pages_advise_huge(p + 10, 4 << 20);
-    assert_int_equal(resident_pages(p, n), 0);
+    assert_int_equal(testutil_resident_pages(p, n), 0);
     p[0] = 1;                    // before the range
     p[(4 << 20) + 20] = 1;       // just past it
     p[(6 << 20) + 3] = 1;        // far past it
-    assert_int_equal(resident_pages(p, n), 3);
+    assert_int_equal(testutil_resident_pages(p, n), 3);
     pages_release(p, n);
 }
 
