@@ -3,6 +3,7 @@
  */
 #include "engine/base/pages.h"
 
+#include <errno.h>
 #include <stdint.h>
 #include <sys/mman.h>
 
@@ -14,7 +15,10 @@ static size_t map_bytes(size_t n) {
 }
 
 void *pages_reserve(size_t n, bool huge) {
-    if (n > SIZE_MAX - PAGES_HUGE) return NULL;
+    if (n > SIZE_MAX - PAGES_HUGE) {
+        errno = ENOMEM;  // as mmap would say: callers log strerror(errno)
+        return NULL;
+    }
     const size_t len = map_bytes(n);
     void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return NULL;

@@ -16,8 +16,8 @@
 
 /* n bytes (n may be 0), zero, writable; huge: ask for 2 MiB pages over all of
  * them. The mapping is whole 2 MiB pages long, which Linux places on a 2 MiB
- * boundary. NULL when the address space is not there. Owned: pages_release()
- * with the same n. */
+ * boundary. NULL (errno ENOMEM, or mmap's) when the address space is not
+ * there. Owned: pages_release() with the same n. */
 void *pages_reserve(size_t n, bool huge);
 
 /* Gives back what pages_reserve(n, ...) returned; NULL-safe. */

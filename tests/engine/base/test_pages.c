@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <errno.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -45,7 +46,9 @@ static void test_pages_commit_only_where_written(void **state) {
     z[0] = 1;
     pages_release(z, 0);
     pages_release(NULL, 10);  // NULL-safe
+    errno = 0;
     assert_null(pages_reserve(SIZE_MAX, false));
+    assert_int_equal(errno, ENOMEM);  // what the callers log
 }
 
 /* The ask over a range commits nothing, and writes to the bytes around a
